@@ -1,0 +1,1 @@
+"""cli: the `nosync` command. Thin: parse, call the library, render."""

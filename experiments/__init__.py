@@ -1,0 +1,1 @@
+"""experiments: workloads, failure schedules, the experiment harness, and benchmarks."""

@@ -1,0 +1,197 @@
+"""The disk tier: every version of every key in LevelDB (plyvel), found by one seek.
+
+Layout (FORMAT.md): a version of key k written at seq s is the LevelDB entry
+
+    encode_key(k) + (2**64 - 1 - s) as u64 big-endian  ->  msgpack(value), or b"" for a deletion
+
+Inverting the seq sorts a key's versions newest first, so `get(k, as_of=s)` is one seek to
+`encode_key(k) + inverted(s)`: the first entry at or after it is the newest version <= s, if it
+still belongs to k. Metadata lives under keys that start with 0x00, which no encoded key does,
+and is written in the same LevelDB write batch as the data it describes, so that `applied`
+(the highest seq indexed here) and the data agree after any crash.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+
+import plyvel
+
+from lsm.codec import TOMBSTONE, make_packer, unpack, unpack_value
+from lsm.keys import encode_key, split_mvcc_key
+from lsm.records import Record
+
+META_APPLIED = b"\x00applied"
+META_HORIZON = b"\x00horizon"
+DATA_START = b"\x01"
+_SEQ = struct.Struct(">Q")
+_INV = (1 << 64) - 1
+CHUNK_UPDATES = 2048
+
+LEVELDB_OPTIONS = dict(
+    create_if_missing=True,
+    write_buffer_size=64 << 20,
+    lru_cache_size=64 << 20,
+    block_size=16 << 10,
+    max_open_files=1000,
+)
+"""The LevelDB options of the disk tier (the benchmark's raw LevelDB figures use the same)."""
+
+
+def _meta_int(db: plyvel.DB, key: bytes, default: int) -> int:
+    raw = db.get(key)
+    return default if raw is None else _SEQ.unpack(raw)[0] - 1
+
+
+def _meta_bytes(value: int) -> bytes:
+    return _SEQ.pack(value + 1)
+
+
+class DiskTier:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.db = plyvel.DB(path, **LEVELDB_OPTIONS)
+        self.applied = _meta_int(self.db, META_APPLIED, -1)
+        self.horizon = _meta_int(self.db, META_HORIZON, -1)
+        self._packer = make_packer()
+
+    def apply(self, batches: list[tuple[int, bytes]]) -> None:
+        """Indexes update batches (sorted by seq, all above `applied`) into LevelDB.
+
+        Writes in chunks, each with the `applied` marker of its last batch, releasing the GIL
+        in LevelDB's write between chunks. Called by the persister thread only.
+        """
+        db = self.db
+        pack = self._packer.pack
+        tomb = TOMBSTONE
+        wb = db.write_batch()
+        put = wb.put
+        n = 0
+        for seq, packed in batches:
+            inv = _SEQ.pack(_INV - seq)
+            for k, v in unpack(packed):
+                if type(k) is bytes:
+                    ek = b"\x06" + k.replace(b"\x00", b"\x00\xff") + b"\x00"
+                else:
+                    ek = encode_key(k)
+                put(ek + inv, b"" if v is tomb else pack(v))
+            n += 1
+            if wb.approximate_size() >= CHUNK_UPDATES * 64:
+                put(META_APPLIED, _meta_bytes(seq))
+                wb.write()
+                self.applied = seq
+                wb = db.write_batch()
+                put = wb.put
+                n = 0
+        if n:
+            put(META_APPLIED, _meta_bytes(batches[-1][0]))
+            wb.write()
+            self.applied = batches[-1][0]
+
+    def get(self, it: plyvel.RawIterator, ekey: bytes, as_of: int) -> object:
+        """The value of the encoded key as of `as_of`, TOMBSTONE, or None when absent."""
+        it.seek(ekey + _SEQ.pack(_INV - as_of))
+        if not it.valid():
+            return None
+        k = it.key()
+        if k[:-8] != ekey:
+            return None
+        return unpack_value(it.value())
+
+    def scan(self, prefix: bytes, as_of: int) -> Iterator[tuple[bytes, object]]:
+        """(encoded key, value) of every key under `prefix` as of `as_of`, tombstones included."""
+        for ekey, raw in self.scan_raw(prefix, as_of):
+            yield ekey, unpack_value(raw)
+
+    def rollback(self, seq: int, records: list[Record] | None) -> None:
+        """Deletes every version above `seq`. With the log's records of those seqs, only their
+        keys are visited; without them (the log was trimmed), the whole tier is scanned."""
+        wb = self.db.write_batch(sync=True)
+        if records is not None:
+            for rec in records:
+                if rec.seq > self.applied:
+                    break
+                inv = _SEQ.pack(_INV - rec.seq)
+                for k, _ in unpack(rec.packed):
+                    wb.delete(encode_key(k) + inv)
+        else:
+            for mkey in self.db.iterator(start=DATA_START, include_value=False):
+                if split_mvcc_key(mkey)[1] > seq:
+                    wb.delete(mkey)
+        new_applied = min(self.applied, seq)
+        wb.put(META_APPLIED, _meta_bytes(new_applied))
+        wb.write()
+        self.applied = new_applied
+
+    def collect(self, horizon: int, yield_every: int = 4096) -> int:
+        """Drops the versions no read at or after `horizon` can see; returns how many.
+
+        Per key (newest first): versions above `horizon` stay; the newest one at or below it is
+        the key's state at the horizon and stays unless it is a deletion; older ones go.
+        REQUIRES: horizon <= applied (versions indexed later are all above it).
+        """
+        dropped = 0
+        wb = self.db.write_batch()
+        pending = 0
+        current = None
+        kept_base = False
+        visited = 0
+        with self.db.iterator(start=DATA_START, include_value=True) as it:
+            for mkey, raw in it:
+                ekey, seq = split_mvcc_key(mkey)
+                if ekey != current:
+                    current = ekey
+                    kept_base = False
+                if seq > horizon:
+                    continue
+                if kept_base or not raw:
+                    wb.delete(mkey)
+                    pending += 1
+                kept_base = True
+                visited += 1
+                if visited % yield_every == 0:
+                    if pending:
+                        wb.write()
+                        dropped += pending
+                        pending = 0
+                        wb = self.db.write_batch()
+                    time.sleep(0)
+        wb.put(META_HORIZON, _meta_bytes(horizon))
+        wb.write()
+        self.db.put(META_HORIZON, _meta_bytes(horizon), sync=True)
+        self.horizon = horizon
+        return dropped + pending
+
+    def compact_files(self) -> None:
+        """Asks LevelDB to rewrite its files, so that deleted versions free their space."""
+        self.db.compact_range()
+
+    def close(self) -> None:
+        if not self.db.closed:
+            self.db.close()
+
+    def image(self, seq: int) -> tuple[list[bytes], list[bytes]]:
+        """Encoded keys and packed values of every live key as of `seq` (for a base image)."""
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for ekey, value in self.scan_raw(b"", seq):
+            if value:
+                keys.append(ekey)
+                values.append(value)
+        return keys, values
+
+    def scan_raw(self, prefix: bytes, as_of: int) -> Iterator[tuple[bytes, bytes]]:
+        """Like `scan`, with values left packed (b"" for a deletion)."""
+        start = prefix if prefix else DATA_START
+        done = None
+        with self.db.iterator(start=start, include_value=True) as it:
+            for mkey, raw in it:
+                if not mkey.startswith(prefix):
+                    break
+                ekey, seq = split_mvcc_key(mkey)
+                if ekey == done or seq > as_of:
+                    continue
+                done = ekey
+                yield ekey, raw

@@ -1,0 +1,66 @@
+"""The exceptions of the `lsm` package: one hierarchy, each naming what and where."""
+
+from __future__ import annotations
+
+
+class LsmError(Exception):
+    """Base of every error the store raises."""
+
+
+class StoreLockedError(LsmError):
+    """Another process (or another open handle) holds the store directory's lock."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"store {path} is locked by another process or handle (one writer per store)")
+        self.path = path
+
+
+class CorruptLogError(LsmError):
+    """A record in the middle of a log segment failed its checksum or framing."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt log record in {path} at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class FormatVersionError(LsmError):
+    """A file was written by an incompatible format version, or is not ours at all."""
+
+    def __init__(self, path: str, found: object, expected: object) -> None:
+        super().__init__(f"{path}: format version {found!r}, this build reads {expected!r}")
+        self.path = path
+
+
+class SeqOrderError(LsmError):
+    """`append` was given a sequence number that does not increase."""
+
+
+class RetentionError(LsmError):
+    """An as-of read, rollback or snapshot asked for a seq older than the retention horizon."""
+
+    def __init__(self, seq: int, horizon: int) -> None:
+        super().__init__(
+            f"seq {seq} is older than the retention horizon {horizon}: its versions were compacted away"
+        )
+        self.seq = seq
+        self.horizon = horizon
+
+
+class KeyEncodingError(LsmError):
+    """A key is not of a type the store can order (None, bool, int64, float, str, bytes, tuples)."""
+
+
+class PersistError(LsmError):
+    """The background persister failed to write a tier; nothing durable was lost, it retries."""
+
+    def __init__(self, level: str, path: str, cause: BaseException) -> None:
+        super().__init__(f"persisting to the {level} tier failed at {path}: {cause}")
+        self.level = level
+        self.path = path
+        self.cause = cause
+
+
+class StoreClosedError(LsmError):
+    """The store was closed (or abandoned by a simulated crash)."""

@@ -1,0 +1,55 @@
+"""The store's own file writes, in one place.
+
+Every byte the store writes to its own files (log segments, the manifest, the lock file) goes
+through these functions, so that a fault (ENOSPC, EIO) can be injected at exactly the calls the
+store makes, and so that the durability steps (fsync of a file, then of its directory after a
+create or rename) are written once.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def write(fd: int, data: bytes) -> None:
+    """Writes all of `data` at the file's position, or raises OSError."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def fsync(fd: int) -> None:
+    """Makes the file's data durable."""
+    os.fsync(fd)
+
+
+def truncate(fd: int, size: int) -> None:
+    """Cuts the file to `size` bytes and leaves the position at its end."""
+    os.ftruncate(fd, size)
+    os.lseek(fd, size, os.SEEK_SET)
+
+
+def fsync_dir(path: str) -> None:
+    """Makes a directory's entries (a create, rename or unlink in it) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_atomically(path: str, data: bytes) -> None:
+    """Writes `data` to `path` so that a crash leaves either the old file or the new one.
+
+    Write a temporary file, fsync it, rename it over `path`, fsync the directory.
+    """
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write(fd, data)
+        fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")

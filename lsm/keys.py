@@ -1,0 +1,135 @@
+"""Order-preserving key encoding and the MVCC key layout of the disk tier.
+
+A key is None, an int (msgpack's range: -2**63 to 2**64 - 1), a str, bytes, or a tuple (or
+list) of those. Bools and floats are refused: True == 1 and 1.0 == 1 in Python, so they would be
+one key in memory and three on disk. `encode_key` maps it to bytes such that
+
+- the encoding is prefix-free: no key's encoding is a proper prefix of another's, so the
+  versions of one key (`encode_key(k) + inverted seq`) are contiguous in LevelDB's byte order;
+- keys of one type sort in their natural order (ints numerically, str by code point, tuples
+  element-wise), so a range seek finds them;
+- a str/bytes prefix or a tuple prefix is a byte prefix of the encoding (`encode_prefix`),
+  which is what `scan(prefix=...)` seeks to.
+
+Strings and bytes are escaped (0x00 -> 0x00 0xFF) and end in 0x00; tuples end in 0x00, which
+no element's type byte can be. The byte layout is written down in FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from lsm.errors import KeyEncodingError
+
+T_NONE = 0x01
+T_INT = 0x04
+T_UINT = 0x05
+T_BYTES = 0x06
+T_STR = 0x07
+T_TUPLE = 0x08
+
+MAX_SEQ = (1 << 64) - 2
+_INV = (1 << 64) - 1
+_INT_BIAS = 1 << 63
+_SEQ = struct.Struct(">Q")
+_U64 = struct.Struct(">Q")
+
+
+def encode_key(key: object) -> bytes:
+    """The order-preserving, prefix-free encoding of `key`."""
+    t = type(key)
+    if t is bytes:
+        return b"\x06" + key.replace(b"\x00", b"\x00\xff") + b"\x00"
+    if t is str:
+        return b"\x07" + key.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00"
+    if t is int:
+        if -_INT_BIAS <= key < _INT_BIAS:
+            return b"\x04" + _U64.pack(key + _INT_BIAS)
+        if _INT_BIAS <= key <= _INV:
+            return b"\x05" + _U64.pack(key)
+        raise KeyEncodingError(f"int key {key} is outside -2**63 .. 2**64-1")
+    if t is tuple or t is list:
+        return b"\x08" + b"".join([encode_key(k) for k in key]) + b"\x00"
+    if key is None:
+        return b"\x01"
+    raise KeyEncodingError(
+        f"key {key!r} of type {t.__name__} is not a store key; use None, int, str, bytes or tuples of them"
+    )
+
+
+_OPEN_ENDED = (bytes, str, tuple, list)
+KEY_TYPES = frozenset((bytes, str, int, type(None)))
+
+
+def check_keys(updates: list | tuple) -> None:
+    """Raises KeyEncodingError naming the first key of `updates` that is not a store key.
+
+    The common case (flat keys) costs one set comprehension; tuple keys are checked deeply.
+    """
+    types = {type(u[0]) for u in updates}
+    if types <= KEY_TYPES:
+        return
+    for i, (key, _) in enumerate(updates):
+        try:
+            encode_key(key)
+        except KeyEncodingError as e:
+            raise KeyEncodingError(f"update {i}: {e}") from None
+
+
+def encode_prefix(prefix: object) -> bytes:
+    """The byte prefix shared by the encodings of every key that starts with `prefix`.
+
+    A str prefix matches str keys that start with it, a bytes prefix bytes keys, a tuple prefix
+    tuples whose first elements equal it; any other value matches only itself.
+    """
+    enc = encode_key(prefix)
+    if type(prefix) in _OPEN_ENDED:
+        return enc[:-1]
+    return enc
+
+
+def decode_key(buf: bytes, pos: int = 0) -> tuple[object, int]:
+    """Decodes one key starting at `pos`; returns it and the position after it."""
+    t = buf[pos]
+    pos += 1
+    if t == T_BYTES or t == T_STR:
+        out = bytearray()
+        while True:
+            end = buf.index(b"\x00", pos)
+            out += buf[pos:end]
+            if end + 1 < len(buf) and buf[end + 1] == 0xFF:
+                out += b"\x00"
+                pos = end + 2
+            else:
+                pos = end + 1
+                break
+        raw = bytes(out)
+        return (raw if t == T_BYTES else raw.decode("utf-8", "surrogatepass")), pos
+    if t == T_INT:
+        return _U64.unpack_from(buf, pos)[0] - _INT_BIAS, pos + 8
+    if t == T_TUPLE:
+        items = []
+        while buf[pos] != 0:
+            item, pos = decode_key(buf, pos)
+            items.append(item)
+        return tuple(items), pos + 1
+    if t == T_NONE:
+        return None, pos
+    if t == T_UINT:
+        return _U64.unpack_from(buf, pos)[0], pos + 8
+    raise KeyEncodingError(f"unknown key type byte 0x{t:02x} at offset {pos - 1}")
+
+
+def inverted_seq(seq: int) -> bytes:
+    """8 bytes that sort newer seqs first, so one forward seek finds the newest version <= seq."""
+    return _SEQ.pack(_INV - seq)
+
+
+def mvcc_key(encoded_key: bytes, seq: int) -> bytes:
+    """The disk tier's key of one version: the encoded key, then the inverted seq."""
+    return encoded_key + _SEQ.pack(_INV - seq)
+
+
+def split_mvcc_key(mkey: bytes) -> tuple[bytes, int]:
+    """The encoded key and the seq of a disk tier key."""
+    return mkey[:-8], _INV - _SEQ.unpack_from(mkey, len(mkey) - 8)[0]

@@ -1,0 +1,195 @@
+"""The remote tier: immutable Arrow IPC segments written through `pyarrow.fs`.
+
+Any URI `pyarrow.fs.FileSystem.from_uri` accepts works (a local path, file://, s3://, hdfs://).
+Two kinds of file, both immutable once written (FORMAT.md has the schemas):
+
+- log segments `log-{start:020d}-{end:020d}.arrow`: the update batches whose seqs lie in
+  [start, end], one row each (seq, payload, checksum), with the same payload and checksum as the
+  local log's records, so a segment can be checked record by record and turned back into a log.
+  Seqs need not be consecutive, so the name carries the range covered, not the seqs present:
+  segments chain when one starts right after the previous one ends;
+- base images `base-{seq:020d}.arrow`: every live key's value as of `seq`, written by
+  compaction so that the log segments at or below `seq` can be deleted.
+
+A file is written under a temporary name and then moved into place, so a listing never shows
+half a segment. `durable("remote")` is the highest seq up to which base + segments leave no gap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import xxhash
+
+from lsm.errors import CorruptLogError, FormatVersionError
+from lsm.records import FORMAT_VERSION, SEQ, Record
+
+_LOG_RE = re.compile(r"^log-(\d{20})-(\d{20})\.arrow$")
+_BASE_RE = re.compile(r"^base-(\d{20})\.arrow$")
+LOG_SCHEMA = pa.schema(
+    [("seq", pa.uint64()), ("payload", pa.binary()), ("checksum", pa.uint64())],
+    metadata={b"nosync.lsm.format": str(FORMAT_VERSION).encode(), b"kind": b"log"},
+)
+BASE_SCHEMA = pa.schema(
+    [("key", pa.binary()), ("value", pa.binary())],
+    metadata={b"nosync.lsm.format": str(FORMAT_VERSION).encode(), b"kind": b"base"},
+)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    name: str
+    first: int
+    last: int
+    base: bool
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The file system and root path of a remote URI or local path."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    return pafs.FileSystem.from_uri(uri)
+
+
+def write_table(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
+    """Writes `table` as an Arrow IPC file at `path`, atomically as far as `fs` allows."""
+    tmp = path + ".tmp"
+    with fs.open_output_stream(tmp) as out, ipc.new_file(out, table.schema) as writer:
+        writer.write_table(table)
+    fs.move(tmp, path)
+
+
+class RemoteTier:
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.fs, self.root = resolve(uri)
+        self.fs.create_dir(self.root, recursive=True)
+        self.files: list[RemoteFile] = []
+        self.refresh()
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def refresh(self) -> None:
+        """Lists the tier; leftover temporary files of an interrupted upload are removed."""
+        files = []
+        for info in self.fs.get_file_info(pafs.FileSelector(self.root)):
+            name = info.base_name
+            if name.endswith(".tmp"):
+                self.fs.delete_file(info.path)
+                continue
+            m = _LOG_RE.match(name)
+            if m:
+                files.append(RemoteFile(name, int(m[1]), int(m[2]), False))
+                continue
+            m = _BASE_RE.match(name)
+            if m:
+                files.append(RemoteFile(name, -1, int(m[1]), True))
+        files.sort(key=lambda f: (f.last, not f.base))
+        self.files = files
+
+    @property
+    def base(self) -> RemoteFile | None:
+        bases = [f for f in self.files if f.base]
+        return bases[-1] if bases else None
+
+    def durable(self) -> int:
+        """The highest seq such that the tier holds everything up to it (-1: nothing)."""
+        base = self.base
+        top = base.last if base else -1
+        for f in sorted((f for f in self.files if not f.base), key=lambda f: f.first):
+            if f.last <= top:
+                continue
+            if f.first > top + 1:
+                break
+            top = f.last
+        return top
+
+    def upload(self, start: int, records: list[Record]) -> RemoteFile:
+        """Writes one log segment covering seqs [start, last record's seq].
+
+        REQUIRES: `records` sorted by seq, all >= start; start == durable() + 1.
+        """
+        payloads = [SEQ.pack(r.seq) + r.packed for r in records]
+        table = pa.table(
+            {
+                "seq": pa.array([r.seq for r in records], pa.uint64()),
+                "payload": pa.array(payloads, pa.binary()),
+                "checksum": pa.array(
+                    [xxhash.xxh3_64_intdigest(p, len(p)) for p in payloads], pa.uint64()
+                ),
+            },
+            schema=LOG_SCHEMA,
+        )
+        name = f"log-{start:020d}-{records[-1].seq:020d}.arrow"
+        write_table(self.fs, self._path(name), table)
+        f = RemoteFile(name, start, records[-1].seq, False)
+        self.files = sorted([*self.files, f], key=lambda x: (x.last, not x.base))
+        return f
+
+    def _read_table(self, f: RemoteFile, kind: bytes) -> pa.Table:
+        path = self._path(f.name)
+        try:
+            with self.fs.open_input_file(path) as src:
+                table = ipc.open_file(src).read_all()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise CorruptLogError(path, 0, f"unreadable Arrow IPC file: {e}") from e
+        meta = table.schema.metadata or {}
+        version = meta.get(b"nosync.lsm.format")
+        if version != str(FORMAT_VERSION).encode() or meta.get(b"kind") != kind:
+            raise FormatVersionError(path, version, FORMAT_VERSION)
+        return table
+
+    def read_log(self, f: RemoteFile) -> list[Record]:
+        """The records of a log segment, each checked against its checksum."""
+        table = self._read_table(f, b"log")
+        out = []
+        for row, (seq, payload, checksum) in enumerate(
+            zip(
+                table.column("seq").to_pylist(),
+                table.column("payload").to_pylist(),
+                table.column("checksum").to_pylist(),
+                strict=True,
+            )
+        ):
+            if xxhash.xxh3_64_intdigest(payload, len(payload)) != checksum or SEQ.unpack_from(payload)[0] != seq:
+                raise CorruptLogError(self._path(f.name), row, "checksum mismatch in row")
+            out.append(Record(seq, row, payload[SEQ.size :]))
+        return out
+
+    def write_base(self, seq: int, keys: list[bytes], values: list[bytes]) -> RemoteFile:
+        """Writes a base image: encoded keys and packed values of every live key as of `seq`."""
+        table = pa.table(
+            {"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary())},
+            schema=BASE_SCHEMA,
+        )
+        name = f"base-{seq:020d}.arrow"
+        write_table(self.fs, self._path(name), table)
+        f = RemoteFile(name, -1, seq, True)
+        self.files = sorted([*self.files, f], key=lambda x: (x.last, not x.base))
+        return f
+
+    def read_base(self, f: RemoteFile) -> tuple[list[bytes], list[bytes]]:
+        table = self._read_table(f, b"base")
+        return table.column("key").to_pylist(), table.column("value").to_pylist()
+
+    def delete(self, f: RemoteFile) -> None:
+        self.fs.delete_file(self._path(f.name))
+        self.files = [x for x in self.files if x.name != f.name]
+
+    def drop_after(self, seq: int) -> list[RemoteFile]:
+        """Deletes the log segments holding any seq above `seq` (rollback); returns them."""
+        gone = [f for f in self.files if not f.base and f.last > seq]
+        for f in gone:
+            self.delete(f)
+        return gone
+
+    def total_bytes(self) -> int:
+        return sum(
+            i.size for i in self.fs.get_file_info(pafs.FileSelector(self.root)) if i.size is not None
+        )
