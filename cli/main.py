@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import click
 
+from cli.bench import bench
+from cli.demo import demo
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """nosync: fault tolerance you can choose, crash, recover, measure and rewind."""
 
+
+main.add_command(bench)
+main.add_command(demo)
 
 if __name__ == "__main__":
     main()

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import struct
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import plyvel
 
 from lsm.codec import TOMBSTONE, make_packer, unpack, unpack_value
 from lsm.keys import encode_key, split_mvcc_key
+from lsm.memtable import MISSING
 from lsm.records import Record
 
 META_APPLIED = b"\x00applied"
@@ -28,7 +31,8 @@ META_HORIZON = b"\x00horizon"
 DATA_START = b"\x01"
 _SEQ = struct.Struct(">Q")
 _INV = (1 << 64) - 1
-CHUNK_UPDATES = 2048
+CHUNK_BYTES = 128 << 10
+WRITES_IN_FLIGHT = 2
 
 LEVELDB_OPTIONS = dict(
     create_if_missing=True,
@@ -56,48 +60,57 @@ class DiskTier:
         self.applied = _meta_int(self.db, META_APPLIED, -1)
         self.horizon = _meta_int(self.db, META_HORIZON, -1)
         self._packer = make_packer()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="lsm-leveldb-writer")
+
+    def _write(self, wb: plyvel.WriteBatch, seq: int) -> None:
+        wb.write()
+        self.applied = seq
 
     def apply(self, batches: list[tuple[int, bytes]]) -> None:
         """Indexes update batches (sorted by seq, all above `applied`) into LevelDB.
 
-        Writes in chunks, each with the `applied` marker of its last batch, releasing the GIL
-        in LevelDB's write between chunks. Called by the persister thread only.
+        Builds write batches of about CHUNK_BYTES, each carrying the `applied` marker of its
+        last update batch, and hands them to a writer thread: LevelDB's write releases the GIL,
+        so building the next chunk in Python overlaps writing the previous one. Returns when
+        every chunk is written. Called by the persister thread only.
         """
         db = self.db
         pack = self._packer.pack
         tomb = TOMBSTONE
-        wb = db.write_batch()
-        put = wb.put
-        n = 0
-        for seq, packed in batches:
-            inv = _SEQ.pack(_INV - seq)
-            for k, v in unpack(packed):
-                if type(k) is bytes:
-                    ek = b"\x06" + k.replace(b"\x00", b"\x00\xff") + b"\x00"
-                else:
-                    ek = encode_key(k)
-                put(ek + inv, b"" if v is tomb else pack(v))
-            n += 1
-            if wb.approximate_size() >= CHUNK_UPDATES * 64:
-                put(META_APPLIED, _meta_bytes(seq))
-                wb.write()
-                self.applied = seq
-                wb = db.write_batch()
-                put = wb.put
-                n = 0
-        if n:
-            put(META_APPLIED, _meta_bytes(batches[-1][0]))
-            wb.write()
-            self.applied = batches[-1][0]
+        in_flight: deque[Future] = deque()
+        try:
+            wb = db.write_batch()
+            put = wb.put
+            size = wb.approximate_size
+            last = len(batches) - 1
+            for i, (seq, packed) in enumerate(batches):
+                inv = _SEQ.pack(_INV - seq)
+                for k, v in unpack(packed):
+                    if type(k) is bytes:
+                        ek = b"\x06" + k.replace(b"\x00", b"\x00\xff") + b"\x00"
+                    else:
+                        ek = encode_key(k)
+                    put(ek + inv, b"" if v is tomb else pack(v))
+                if i == last or size() >= CHUNK_BYTES:
+                    put(META_APPLIED, _meta_bytes(seq))
+                    if len(in_flight) >= WRITES_IN_FLIGHT:
+                        in_flight.popleft().result()
+                    in_flight.append(self._writer.submit(self._write, wb, seq))
+                    wb = db.write_batch()
+                    put = wb.put
+                    size = wb.approximate_size
+        finally:
+            for f in in_flight:
+                f.result()
 
     def get(self, it: plyvel.RawIterator, ekey: bytes, as_of: int) -> object:
-        """The value of the encoded key as of `as_of`, TOMBSTONE, or None when absent."""
+        """The value of the encoded key as of `as_of`, TOMBSTONE, or MISSING when absent."""
         it.seek(ekey + _SEQ.pack(_INV - as_of))
         if not it.valid():
-            return None
+            return MISSING
         k = it.key()
         if k[:-8] != ekey:
-            return None
+            return MISSING
         return unpack_value(it.value())
 
     def scan(self, prefix: bytes, as_of: int) -> Iterator[tuple[bytes, object]]:
@@ -166,9 +179,10 @@ class DiskTier:
 
     def compact_files(self) -> None:
         """Asks LevelDB to rewrite its files, so that deleted versions free their space."""
-        self.db.compact_range()
+        self.db.compact_range(start=b"\x00", stop=b"\xff")
 
     def close(self) -> None:
+        self._writer.shutdown(wait=True)
         if not self.db.closed:
             self.db.close()
 

@@ -47,6 +47,11 @@ from lsm.remote import RemoteTier
 LEVELS = ("memory", "disk", "remote")
 
 
+def _as_tuple(key: list | tuple) -> tuple:
+    """A list key as the tuple it decodes to (lists and tuples are one key)."""
+    return tuple(_as_tuple(k) if type(k) in (list, tuple) else k for k in key)
+
+
 @dataclass
 class StoreOptions:
     """Tuning of one store. Sizes count updates (key/value pairs) unless named bytes."""
@@ -305,8 +310,11 @@ class Store:
     def _check_as_of(self, as_of: int | None) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
-        if as_of is not None and as_of < self._disk.horizon:
-            raise RetentionError(as_of, self._disk.horizon)
+        if as_of is not None:
+            if type(as_of) is not int:
+                raise LsmError(f"as_of must be an int seq or None, not {as_of!r}")
+            if as_of < self._disk.horizon:
+                raise RetentionError(as_of, self._disk.horizon)
 
     def _iterator(self, gen: int):
         if gen != self._iter_gen or self._iter is None:
@@ -321,6 +329,8 @@ class Store:
         object is shared with the store's cache: treat it as read-only.
         """
         self._check_as_of(as_of)
+        if type(key) is list:
+            key = _as_tuple(key)
         mems, gen = self._view
         for m in mems:
             if m.batches:
@@ -328,7 +338,7 @@ class Store:
                 if v is not MISSING:
                     return default if v is TOMBSTONE else v
         v = self._disk.get(self._iterator(gen), encode_key(key), MAX_SEQ if as_of is None else as_of)
-        return default if v is None or v is TOMBSTONE else v
+        return default if v is MISSING or v is TOMBSTONE else v
 
     def scan(self, prefix: object = None, as_of: int | None = None) -> Iterator[tuple[object, object]]:
         """(key, value) of every live key as of `as_of`, in key order; with `prefix`, only keys

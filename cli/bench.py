@@ -1,0 +1,44 @@
+"""`nosync bench ...`: benchmarks that measure their own limits first, in the same command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+
+import click
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks. Each prints one JSON object (and a table unless --json)."""
+
+
+@bench.command("lsm")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@click.option("--keys", default=1_000_000, show_default=True, type=click.IntRange(min=1000))
+@click.option("--rounds", default=5, show_default=True, type=click.IntRange(min=2),
+              help="Passes over the key space in the sustained run (5M updates at the default).")
+@click.option("--probes", default=200_000, show_default=True, type=click.IntRange(min=1),
+              help="As-of look-ups per read pass.")
+@click.option("--seed", default=7, show_default=True, type=int)
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the stores go (default: a temporary directory, removed after).")
+def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, workdir: str | None) -> None:
+    """The lsm store against a bare dict and raw LevelDB on the same data."""
+    from experiments.bench import lsm_bench
+
+    tmp = workdir or tempfile.mkdtemp(prefix="nosync-bench-lsm-")
+    try:
+        result = lsm_bench.run(
+            tmp, keys=keys, rounds=rounds, probes=probes, seed=seed,
+            progress=lambda msg: click.echo(f"[bench lsm] {msg}", err=True),
+        )
+    finally:
+        if workdir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
+    if not as_json:
+        click.echo(lsm_bench.render(result))
+    sys.stdout.flush()

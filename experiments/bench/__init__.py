@@ -1,0 +1,1 @@
+"""Benchmarks behind `nosync bench`: each measures its own limits first, on the same data."""
