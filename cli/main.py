@@ -6,6 +6,7 @@ import click
 
 from cli.bench import bench
 from cli.demo import demo
+from cli.run import run_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,6 +16,7 @@ def main() -> None:
 
 main.add_command(bench)
 main.add_command(demo)
+main.add_command(run_cmd)
 
 if __name__ == "__main__":
     main()

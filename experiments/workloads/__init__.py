@@ -1,0 +1,1 @@
+"""Bundled workloads: pipeline files for `nosync run`, the tests and the benchmarks."""

@@ -1,0 +1,124 @@
+"""Channel frames: the one wire format between workers and with the coordinator.
+
+    length u32 LE | version u8 | kind u8 | header length h u16 LE | header (msgpack map, h bytes) | body (msgpack)
+
+`length` counts everything after itself and is bounded by MAX_FRAME. The header is a map so
+that fields can be added without a new format (the nosync mode carries its lineage entries
+there); a reader ignores fields it does not know, and a frame of a newer major version is
+refused. Decoding never executes anything: msgpack only, with its container limits bounded, and
+any malformed frame raises FrameError, on which the connection that sent it is closed.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, NamedTuple
+
+import msgpack
+
+from nosync.errors import FrameError
+
+VERSION = 1
+MAX_FRAME = 64 << 20
+PREFIX = struct.Struct("<IBBH")
+PREFIX_SIZE = PREFIX.size
+
+DATA = 1
+"""Records of one batch on an exchange edge. Header: edge, epoch, ts (ingest time), n."""
+MARKER = 2
+"""A channel's progress: every record of epochs <= header['epoch'] was sent (EOS: epoch -1 means
+none yet; header['eos'] true means the channel is finished). Header: edge, epoch, wm, eos."""
+CREDIT = 3
+"""Flow control: the receiver lets the sender send header['frames'] more frames."""
+CONTROL = 4
+"""Coordinator <-> worker messages; the body is a msgpack map with a 'type'."""
+
+KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL})
+
+
+class Frame(NamedTuple):
+    kind: int
+    header: dict
+    body: Any
+
+
+def encode(kind: int, header: dict, body: Any = None) -> bytes:
+    """The bytes of one frame."""
+    h = msgpack.packb(header, use_bin_type=True)
+    b = msgpack.packb(body, use_bin_type=True)
+    n = 4 + len(h) + len(b)
+    if n > MAX_FRAME:
+        raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
+    return PREFIX.pack(n, VERSION, kind, len(h)) + h + b
+
+
+def _unpack(data: bytes | memoryview, what: str) -> Any:
+    try:
+        return msgpack.unpackb(
+            data,
+            use_list=False,
+            raw=False,
+            strict_map_key=False,
+        )
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise FrameError(f"malformed {what}: {type(e).__name__}: {e}") from None
+
+
+def frame_length(prefix: bytes | memoryview) -> int:
+    """The total size of the frame starting with these PREFIX_SIZE bytes (prefix included).
+
+    Raises FrameError for an impossible length, an unknown version or kind.
+    """
+    n, version, kind, hlen = PREFIX.unpack(prefix[:PREFIX_SIZE])
+    if version != VERSION:
+        raise FrameError(f"frame version {version}, this build speaks {VERSION}")
+    if kind not in KINDS:
+        raise FrameError(f"unknown frame kind {kind}")
+    if n < 4 + hlen or n > MAX_FRAME:
+        raise FrameError(f"impossible frame length {n} (header {hlen})")
+    return 4 + n
+
+
+def decode(frame: bytes | memoryview) -> Frame:
+    """Decodes one whole frame (as delimited by frame_length)."""
+    if len(frame) < PREFIX_SIZE:
+        raise FrameError(f"truncated frame: {len(frame)} bytes")
+    total = frame_length(frame)
+    if len(frame) != total:
+        raise FrameError(f"frame length {total} does not match the {len(frame)} bytes given")
+    _, _, kind, hlen = PREFIX.unpack_from(frame)
+    header = _unpack(frame[PREFIX_SIZE : PREFIX_SIZE + hlen], "frame header")
+    if not isinstance(header, dict):
+        raise FrameError(f"frame header is a {type(header).__name__}, not a map")
+    body = _unpack(frame[PREFIX_SIZE + hlen :], "frame body")
+    return Frame(kind, header, body)
+
+
+class FrameReader:
+    """Cuts a byte stream into frames; feed() what arrives, take frames from it."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """The frames completed by `data`. Raises FrameError on a malformed one."""
+        buf = self._buf
+        buf += data
+        out = []
+        pos = 0
+        size = len(buf)
+        while size - pos >= PREFIX_SIZE:
+            total = frame_length(memoryview(buf)[pos : pos + PREFIX_SIZE])
+            if size - pos < total:
+                break
+            out.append(decode(bytes(buf[pos : pos + total])))
+            pos += total
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)

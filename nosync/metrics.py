@@ -1,0 +1,73 @@
+"""Run metrics: a summary (JSON) and tables (Parquet) under the run directory.
+
+- summary.json: mode, workers, records read and committed, throughput (first record read to
+  last commit), start-up time, latency p50/p99/max (source ingest to sink commit, record
+  weighted), per-operator records in/out and busy time, dead letters;
+- throughput.parquet: the progress samples (time, records read, records committed);
+- operators.parquet: one row per (worker, operator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def percentile(weighted: list[tuple[float, int]], q: float) -> float | None:
+    """The q-quantile of values weighted by counts."""
+    if not weighted:
+        return None
+    ordered = sorted(weighted)
+    total = sum(n for _, n in ordered)
+    target = q * total
+    acc = 0
+    for v, n in ordered:
+        acc += n
+        if acc >= target:
+            return v
+    return ordered[-1][0]
+
+
+def summarize(run: dict, done: dict[int, dict]) -> dict:
+    lat = [tuple(x) for d in done.values() for x in d["metrics"].get("latencies", [])]
+    ops: dict[str, dict] = {}
+    for d in done.values():
+        for name, m in d["metrics"]["operators"].items():
+            agg = ops.setdefault(name, {})
+            for k, v in m.items():
+                agg[k] = agg.get(k, 0) + v
+    committed = sum(d["metrics"]["committed"] for d in done.values())
+    read = sum(d["metrics"]["read"] for d in done.values())
+    out = {
+        **run,
+        "records_read": read,
+        "records_committed": committed,
+        "dead_letters": sum(d["metrics"]["dead_letters"] for d in done.values()),
+        "latency_p50_ms": _ms(percentile(lat, 0.5)),
+        "latency_p99_ms": _ms(percentile(lat, 0.99)),
+        "latency_max_ms": _ms(max((v for v, _ in lat), default=None)),
+        "operators": ops,
+    }
+    return out
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000
+
+
+def write(run_dir: str, summary: dict, samples: list[dict], done: dict[int, dict]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, sort_keys=True, default=str)
+    if samples:
+        pq.write_table(pa.Table.from_pylist(samples), os.path.join(run_dir, "throughput.parquet"))
+    rows: list[dict[str, Any]] = []
+    for w, d in sorted(done.items()):
+        for name, m in d["metrics"]["operators"].items():
+            rows.append({"worker": w, "operator": name, **{k: float(v) for k, v in m.items()}})
+    if rows:
+        pq.write_table(pa.Table.from_pylist(rows), os.path.join(run_dir, "operators.parquet"))

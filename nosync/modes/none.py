@@ -1,0 +1,35 @@
+"""Mode `none`: the baseline. Nothing is persisted and nothing recovers.
+
+Sinks commit each epoch as soon as every input of the sink has finished it. When a worker is
+lost (its control connection drops, or its heartbeats stop) the run fails at once with a clear
+message and exit code 1, and the Spark job is cancelled so that Spark's retry of the task does
+not linger. This is the mode every other mode's overhead is measured against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nosync.errors import RunFailed
+from nosync.modes import Mode, WorkerHooks
+
+
+class NoneHooks(WorkerHooks):
+    name = "none"
+
+    def on_start(self, worker: Any) -> None:
+        if worker.attempt > 0:
+            raise RunFailed(
+                f"worker {worker.index} restarted (attempt {worker.attempt}); mode none cannot recover"
+            )
+
+
+class NoneMode(Mode):
+    name = "none"
+
+    def worker_hooks(self) -> WorkerHooks:
+        return NoneHooks()
+
+    def on_worker_registered(self, coordinator: Any, worker: int, attempt: int) -> None:
+        if attempt > 0:
+            coordinator.fail(f"worker {worker} was restarted by Spark (attempt {attempt}); mode none cannot recover")

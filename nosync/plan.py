@@ -1,0 +1,61 @@
+"""The physical plan: every worker runs one instance of every operator.
+
+An edge is forward (the consumer is on the same worker: a direct call) or exchange (records are
+routed to the worker that owns their key). An edge is exchange exactly when it leaves a key_by:
+keyed operators keep their input's partitioning, so what follows them stays forward. Partition
+i of a source is read by worker i % W.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nosync.pipeline import KEYED_KINDS, Pipeline
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: int
+    dst: int
+    exchange: bool
+
+
+@dataclass
+class PhysicalPlan:
+    pipeline: Pipeline
+    workers: int
+    edges: list[Edge]
+    source_parts: dict[int, list[list[dict]]]
+    """source node id -> per worker, the partitions that worker reads."""
+
+    def inputs_of(self, node_id: int) -> list[Edge]:
+        return [e for e in self.edges if e.dst == node_id]
+
+    def outputs_of(self, node_id: int) -> list[Edge]:
+        return [e for e in self.edges if e.src == node_id]
+
+    @property
+    def exchange_edges(self) -> list[Edge]:
+        return [e for e in self.edges if e.exchange]
+
+
+def plan(pipeline: Pipeline, workers: int) -> PhysicalPlan:
+    """The physical plan of a validated pipeline on `workers` workers."""
+    pipeline.validate()
+    nodes = pipeline.nodes
+    edges = []
+    for n in nodes:
+        for i in n.inputs:
+            up = nodes[i]
+            exchange = n.kind in KEYED_KINDS and up.kind == "key_by" and not n.params.get("loop_internal")
+            edges.append(Edge(i, n.id, exchange))
+    parts: dict[int, list[list[dict]]] = {}
+    for n in nodes:
+        if n.kind == "source":
+            src = n.params["source"]
+            all_parts = src.partitions(workers)
+            per = [[] for _ in range(workers)]
+            for i, part in enumerate(all_parts):
+                per[i % workers].append(part)
+            parts[n.id] = per
+    return PhysicalPlan(pipeline, workers, edges, parts)

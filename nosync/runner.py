@@ -1,0 +1,152 @@
+"""Running a pipeline: the driver's whole job, from pipeline file to summary.
+
+`run()` checks the pipeline in the driver (so a bad pipeline is reported before Spark starts),
+starts the coordinator, launches the W worker tasks as one Spark job on a thread of its own,
+and waits: for every worker to finish, for the mode to declare the run failed, or for the job
+to fail. A failed run cancels the job (Spark would otherwise retry the lost task) and raises
+RunFailed with the reason. Progress is reported through a callback twice a second.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from nosync import metrics
+from nosync.coordinator import Coordinator
+from nosync.errors import NosyncError, RunFailed
+from nosync.loader import load_pipeline
+from nosync.modes import get_mode
+from nosync.plan import plan
+from nosync.spark_host import check_slots, get_spark
+from nosync.worker import worker_main
+
+
+@dataclass
+class RunResult:
+    summary: dict
+    run_dir: str
+
+
+def run(
+    pipeline_file: str,
+    mode: str = "none",
+    workers: int = 2,
+    master: str | None = None,
+    run_dir: str | None = None,
+    epoch_records: int | None = None,
+    epoch_ms: int | None = None,
+    params: dict | None = None,
+    batch_size: int = 1024,
+    linger_ms: int = 5,
+    on_bad_record: str = "deadletter",
+    progress: Callable[[dict], None] | None = None,
+    spark: Any = None,
+    timeout_s: float | None = None,
+) -> RunResult:
+    if workers < 1:
+        raise NosyncError(f"--workers must be at least 1, got {workers}")
+    if epoch_records is not None and epoch_ms is not None:
+        raise NosyncError("give --epoch-records or --epoch-ms, not both")
+    pipeline_file = os.path.abspath(pipeline_file)
+    pipeline = load_pipeline(pipeline_file, params)
+    plan(pipeline, workers)
+    driver_mode = get_mode(mode)
+    run_id = uuid.uuid4().hex[:12]
+    run_dir = os.path.abspath(run_dir or os.path.join("runs", f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}"))
+    os.makedirs(run_dir, exist_ok=True)
+
+    t0 = time.time()
+    spark = spark or get_spark(master, workers)
+    check_slots(spark, workers)
+    startup_s = time.time() - t0
+    secret = secrets.token_bytes(32)
+    coord = Coordinator(workers, secret, driver_mode, run_id)
+    spec = {
+        "run_id": run_id,
+        "pipeline_file": pipeline_file,
+        "params": dict(params or {}),
+        "mode": mode,
+        "workers": workers,
+        "coordinator": list(coord.address),
+        "secret": secret,
+        "epoch_records": epoch_records,
+        "epoch_ms": epoch_ms,
+        "batch_size": batch_size,
+        "linger_ms": linger_ms,
+        "run_dir": run_dir,
+        "on_bad_record": on_bad_record,
+    }
+    job_error: list[BaseException] = []
+    sc = spark.sparkContext
+
+    def job() -> None:
+        sc.setJobGroup(run_id, f"nosync {pipeline.name} ({mode})", interruptOnCancel=True)
+        try:
+            sc.parallelize(range(workers), workers).mapPartitionsWithIndex(partial(worker_main, spec)).collect()
+        except BaseException as e:  # noqa: BLE001 - reported to the caller below
+            job_error.append(e)
+
+    thread = threading.Thread(target=job, name="nosync-job", daemon=True)
+    launched = time.time()
+    thread.start()
+    samples: list[dict] = []
+    try:
+        while True:
+            if coord.wait(0.5):
+                break
+            p = coord.progress()
+            p["t"] = time.time() - launched
+            samples.append(p)
+            if progress:
+                progress(p)
+            if job_error and not coord.finished:
+                coord.fail(f"the Spark job failed: {_first_line(job_error[0])}")
+            if timeout_s is not None and time.time() - launched > timeout_s:
+                coord.fail(f"timed out after {timeout_s}s")
+        if coord.failure is not None:
+            sc.cancelJobGroup(run_id)
+            thread.join(timeout=30)
+            raise RunFailed(coord.failure)
+        thread.join()
+        if job_error:
+            raise RunFailed(f"the Spark job failed: {_first_line(job_error[0])}")
+    finally:
+        coord.close()
+    end = time.time()
+    first = min(d["metrics"].get("first_read_at") or end for d in coord.done.values())
+    last_commit = max(d["metrics"].get("last_commit_at") or end for d in coord.done.values())
+    info = {
+        "pipeline": pipeline.name,
+        "mode": mode,
+        "workers": workers,
+        "master": sc.master,
+        "run_id": run_id,
+        "startup_s": startup_s + max(0.0, first - launched),
+        "processing_s": max(1e-9, last_commit - first),
+        "wall_s": end - t0,
+        "refused_connections": coord.refused,
+    }
+    summary = metrics.summarize(info, coord.done)
+    summary["records_per_s"] = summary["records_read"] / info["processing_s"]
+    if progress:
+        p = coord.progress()
+        p["t"] = end - launched
+        samples.append(p)
+    metrics.write(run_dir, summary, samples, coord.done)
+    return RunResult(summary, run_dir)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    for line in text:
+        if "RunFailed" in line or "PipelineError" in line:
+            return line.strip()
+    return text[0] if text else type(e).__name__

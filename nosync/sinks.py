@@ -1,0 +1,270 @@
+"""Sinks: where a run's output is committed. "Exactly once" is judged on committed output.
+
+Each worker has its own instance of a sink (a "part"). Records are staged per epoch and become
+visible only at `commit(epoch)`, which the fault-tolerance mode calls when the epoch is safe
+(mode none: when every input of the sink has finished the epoch; abs: a completed checkpoint;
+nosync: a safe point):
+
+- Files: one staged file per (epoch, worker) under `<dir>/_staging/`, renamed into `<dir>/` at
+  commit (atomic on a POSIX file system); a re-run of a committed epoch replaces the same name.
+- LevelDB: a key-value sink of (key, value) records; the epoch's upserts go in one write batch
+  at commit (idempotent: a replayed epoch writes the same values). One LevelDB per worker
+  (`<dir>/part-W`), since LevelDB allows one process per database.
+- Console: prints committed records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from nosync.errors import PipelineError
+
+
+class Sink:
+    """Base of all sinks: `open_part` gives the per-worker writer."""
+
+    def open_part(self, worker: int, run_id: str) -> SinkPart:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class SinkPart:
+    """One worker's writer: write() stages, commit(epoch) publishes, close() ends."""
+
+    def write(self, epoch: int, records: list) -> None:
+        raise NotImplementedError
+
+    def commit(self, epoch: int) -> int:
+        """Publishes everything staged for epochs <= `epoch`; returns how many records."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Drops what is staged and not committed."""
+
+    def close(self) -> None:
+        pass
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "backslashreplace")
+    if isinstance(obj, set | frozenset):
+        return sorted(obj)
+    raise TypeError(f"cannot write a {type(obj).__name__} as JSON")
+
+
+class Files(Sink):
+    """Transactional files: JSONL (one JSON value per line) or Parquet (records as rows;
+    non-dict records are stored in a column `value`).
+
+    >>> ns.sinks.Files("out/", format="jsonl")  # doctest: +SKIP
+    """
+
+    FORMATS = ("jsonl", "parquet")
+
+    def __init__(self, directory: str, format: str = "jsonl", **options: Any) -> None:
+        unknown = set(options)
+        if unknown:
+            raise PipelineError(f"unknown option(s) {', '.join(sorted(unknown))}; Files takes directory, format", "sinks.Files")
+        if format not in self.FORMATS:
+            raise PipelineError(f"unknown format {format!r}; formats: {', '.join(self.FORMATS)}", "sinks.Files")
+        self.directory = directory
+        self.format = format
+
+    def describe(self) -> str:
+        return f"Files({self.directory}, {self.format})"
+
+    def open_part(self, worker: int, run_id: str) -> SinkPart:
+        return _FilesPart(self.directory, self.format, worker)
+
+    def read_committed(self) -> list:
+        """Every committed record, part files in name order (for tests and tools)."""
+        out: list = []
+        if not os.path.isdir(self.directory):
+            return out
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if name.endswith(".jsonl"):
+                with open(path, encoding="utf-8") as f:
+                    out.extend(json.loads(line) for line in f if line.strip())
+            elif name.endswith(".parquet"):
+                import pyarrow.parquet as pq
+
+                rows = pq.read_table(path).to_pylist()
+                for r in rows:
+                    cols = list(r)
+                    if cols == ["value"]:
+                        out.append(r["value"])
+                    elif cols == ["key", "value"]:
+                        out.append([r["key"], r["value"]])
+                    else:
+                        out.append(r)
+        return out
+
+
+class _FilesPart(SinkPart):
+    def __init__(self, directory: str, fmt: str, worker: int) -> None:
+        self.dir = directory
+        self.staging = os.path.join(directory, "_staging")
+        os.makedirs(self.staging, exist_ok=True)
+        self.fmt = fmt
+        self.worker = worker
+        self.pending: dict[int, list] = {}
+
+    def _name(self, epoch: int) -> str:
+        return f"part-{epoch:010d}-w{self.worker:04d}.{self.fmt}"
+
+    def write(self, epoch: int, records: list) -> None:
+        self.pending.setdefault(epoch, []).extend(records)
+
+    def commit(self, epoch: int) -> int:
+        n = 0
+        for e in sorted(e for e in self.pending if e <= epoch):
+            recs = self.pending.pop(e)
+            if not recs:
+                continue
+            staged = os.path.join(self.staging, self._name(e) + ".tmp")
+            if self.fmt == "jsonl":
+                with open(staged, "w", encoding="utf-8") as f:
+                    f.write("\n".join(json.dumps(r, default=_json_default, separators=(",", ":")) for r in recs))
+                    f.write("\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            else:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                if all(isinstance(r, dict) for r in recs):
+                    table = pa.Table.from_pylist(recs)
+                elif all(isinstance(r, tuple | list) and len(r) == 2 for r in recs):
+                    table = pa.table({"key": [r[0] for r in recs], "value": [r[1] for r in recs]})
+                else:
+                    table = pa.table({"value": pa.array(recs)})
+                pq.write_table(table, staged)
+            os.replace(staged, os.path.join(self.dir, self._name(e)))
+            n += len(recs)
+        return n
+
+    def abort(self) -> None:
+        self.pending.clear()
+
+
+class LevelDB(Sink):
+    """A key-value sink: records are (key, value) pairs, upserted at commit; keys and values
+    are stored as msgpack. One database per worker: `<directory>/part-W`."""
+
+    def __init__(self, directory: str, **options: Any) -> None:
+        if options:
+            raise PipelineError(f"unknown option(s) {', '.join(sorted(options))}; LevelDB takes directory", "sinks.LevelDB")
+        self.directory = directory
+
+    def describe(self) -> str:
+        return f"LevelDB({self.directory})"
+
+    def open_part(self, worker: int, run_id: str) -> SinkPart:
+        return _LevelDBPart(os.path.join(self.directory, f"part-{worker}"))
+
+    def read_committed(self) -> dict:
+        import msgpack
+        import plyvel
+
+        out: dict = {}
+        if not os.path.isdir(self.directory):
+            return out
+        for name in sorted(os.listdir(self.directory)):
+            db = plyvel.DB(os.path.join(self.directory, name))
+            try:
+                for k, v in db:
+                    out[msgpack.unpackb(k, use_list=False)] = msgpack.unpackb(v)
+            finally:
+                db.close()
+        return out
+
+
+class _LevelDBPart(SinkPart):
+    def __init__(self, path: str) -> None:
+        import plyvel
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.db = plyvel.DB(path, create_if_missing=True)
+        self.pending: dict[int, list] = {}
+
+    def write(self, epoch: int, records: list) -> None:
+        self.pending.setdefault(epoch, []).extend(records)
+
+    def commit(self, epoch: int) -> int:
+        import msgpack
+
+        n = 0
+        wb = self.db.write_batch(sync=True)
+        for e in sorted(e for e in self.pending if e <= epoch):
+            for rec in self.pending.pop(e):
+                try:
+                    k, v = rec
+                except (TypeError, ValueError):
+                    raise PipelineError(f"the LevelDB sink takes (key, value) records, got {rec!r:.80}") from None
+                wb.put(msgpack.packb(k), msgpack.packb(v))
+                n += 1
+        wb.write()
+        return n
+
+    def abort(self) -> None:
+        self.pending.clear()
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Console(Sink):
+    """Prints committed records, one per line, prefixed with the worker."""
+
+    def __init__(self, **options: Any) -> None:
+        if options:
+            raise PipelineError(f"unknown option(s) {', '.join(sorted(options))}; Console takes none", "sinks.Console")
+
+    def open_part(self, worker: int, run_id: str) -> SinkPart:
+        return _ConsolePart(worker)
+
+
+class _ConsolePart(SinkPart):
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+        self.pending: dict[int, list] = {}
+
+    def write(self, epoch: int, records: list) -> None:
+        self.pending.setdefault(epoch, []).extend(records)
+
+    def commit(self, epoch: int) -> int:
+        n = 0
+        for e in sorted(e for e in self.pending if e <= epoch):
+            recs = self.pending.pop(e)
+            sys.stdout.write("".join(f"[w{self.worker} e{e}] {r!r}\n" for r in recs))
+            n += len(recs)
+        sys.stdout.flush()
+        return n
+
+
+class Null(Sink):
+    """Counts and drops records at commit (benchmarks that measure the engine alone)."""
+
+    def open_part(self, worker: int, run_id: str) -> SinkPart:
+        return _NullPart()
+
+
+class _NullPart(SinkPart):
+    def __init__(self) -> None:
+        self.pending: dict[int, int] = {}
+
+    def write(self, epoch: int, records: list) -> None:
+        self.pending[epoch] = self.pending.get(epoch, 0) + len(records)
+
+    def commit(self, epoch: int) -> int:
+        n = 0
+        for e in [e for e in self.pending if e <= epoch]:
+            n += self.pending.pop(e)
+        return n

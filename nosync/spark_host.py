@@ -1,0 +1,61 @@
+"""Spark as the host of workers: a session, and one long-running task per worker.
+
+Workers are the W partitions of `parallelize(range(W), W).mapPartitionsWithIndex(worker_main)`,
+so every worker is a Spark task: Spark places it, and retries it when it fails (the retry is
+attempt 1, which is how a worker learns it is a restart). Speculation is off (two copies of a
+worker would both register). Embedded runs use `local[W,F]`: W task slots, F attempts per task.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from nosync.errors import NosyncError
+
+MAX_FAILURES = 4
+
+
+def default_master(workers: int) -> str:
+    return f"local[{workers},{MAX_FAILURES}]"
+
+
+def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
+    """A SparkSession for `master` (default: embedded local[W,F]); reuses the active one when
+    its master matches."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    master = master or default_master(workers)
+    active = SparkSession.getActiveSession()
+    if active is not None and active.sparkContext.master == master:
+        return active
+    if active is not None:
+        active.stop()
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.speculation", "false")
+        .config("spark.task.maxFailures", str(MAX_FAILURES))
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def check_slots(spark: Any, workers: int) -> None:
+    """Every worker must run at once: refuse a master with fewer task slots than workers."""
+    slots = spark.sparkContext.defaultParallelism
+    if slots < workers:
+        raise NosyncError(
+            f"{workers} workers need {workers} concurrent task slots; the Spark master "
+            f"{spark.sparkContext.master} offers {slots}"
+        )
