@@ -37,6 +37,7 @@ class Op:
         self.inputs: dict[Any, int] = {}
         self.input_wm: dict[Any, Any] = {}
         self.frontier = -1
+        self.last_epoch = -1
         self.records_in = 0
         self.records_out = 0
         self.busy_s = 0.0
@@ -59,6 +60,8 @@ class Op:
     def push(self, records: list, epoch: int, channel: Any) -> None:
         t = time.perf_counter()
         self.records_in += len(records)
+        if epoch > self.last_epoch:
+            self.last_epoch = epoch
         try:
             out = self.process(records, epoch, channel)
         except RunFailed:
@@ -84,6 +87,8 @@ class Op:
             self.input_wm[channel] = wm if prev is None or wm > prev else prev
         f = min(inputs.values())
         if f > self.frontier:
+            if f != EOS:
+                self.last_epoch = max(self.last_epoch, f)
             self.frontier = f
             t = time.perf_counter()
             out_wm = self.watermark()
@@ -272,11 +277,10 @@ class WindowOp(KeyedOp):
         if not final:
             self.closed_before = wm if self.closed_before is None else max(self.closed_before, wm)
         if out:
-            self.emit(out, epoch if not final else self._last_epoch())
+            # at the end of input, what closes belongs to an epoch after every one seen, which
+            # no sink downstream can have committed yet
+            self.emit(out, self.last_epoch + 1 if final else epoch)
         return None
-
-    def _last_epoch(self) -> int:
-        return max([e for e in self.inputs.values() if e != EOS] or [0])
 
     def metrics(self) -> dict:
         m = super().metrics()
@@ -360,14 +364,20 @@ class SinkOp(Op):
         self.staged_ts: dict[int, list[tuple[float, int]]] = {}
         self.latencies: list[tuple[float, int]] = []
         self.last_commit_at: float | None = None
+        self.committed_epoch = -1
 
     def process(self, records: list, epoch: int, channel: Any) -> None:
+        if epoch <= self.committed_epoch:
+            raise RunFailed(
+                f"sink '{self.name}' got {len(records)} records of epoch {epoch} after committing it"
+            )
         self.part.write(epoch, records)
         self.staged_ts.setdefault(epoch, []).append((self.clock.ts, len(records)))
         return None
 
     def commit(self, epoch: int) -> None:
         n = self.part.commit(epoch)
+        self.committed_epoch = max(self.committed_epoch, epoch)
         self.committed += n
         now = time.time()
         if n:

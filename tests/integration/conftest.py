@@ -1,0 +1,14 @@
+"""One embedded Spark session for the whole integration suite (local[3,4]: up to 3 workers)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from nosync.spark_host import get_spark
+
+    session = get_spark(None, 3)
+    yield session
+    session.stop()
