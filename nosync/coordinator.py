@@ -36,6 +36,7 @@ class Coordinator:
         self.conns: dict[int, channels.Connection] = {}
         self.addresses: dict[int, list] = {}
         self.attempts: dict[int, int] = {}
+        self.pids: dict[int, int] = {}
         self.last_beat: dict[int, float] = {}
         self.counters: dict[int, dict] = {}
         self.done: dict[int, dict] = {}
@@ -58,7 +59,7 @@ class Coordinator:
         with self._changed:
             if self.failure is None and not self.finished:
                 self.failure = reason
-                log.error("run failed: %s", reason)
+                log.info("run failed: %s", reason)
             self._changed.notify_all()
         for c in list(self.conns.values()):
             try:
@@ -83,6 +84,10 @@ class Coordinator:
             "frontier": min([x.get("frontier", -1) for x in c] or [-1]) if len(c) == self.workers else -1,
             "dead_letters": sum(x.get("dead_letters", 0) for x in c),
         }
+
+    def workers_info(self) -> dict:
+        """Per registered worker: its attempt and process id."""
+        return {w: {"attempt": self.attempts.get(w, 0), "pid": pid} for w, pid in sorted(self.pids.items())}
 
     def close(self) -> None:
         self._stop = True
@@ -168,6 +173,7 @@ class Coordinator:
             self.conns[w] = conn
             self.attempts[w] = attempt
             self.addresses[w] = list(msg["addr"])
+            self.pids[w] = int(msg.get("pid", 0))
             self.last_beat[w] = time.monotonic()
             self.mode.on_worker_registered(self, w, attempt)
             if self.failure is not None:

@@ -98,10 +98,15 @@ def run(
     launched = time.time()
     thread.start()
     samples: list[dict] = []
+    workers_seen: dict = {}
     try:
         while True:
             if coord.wait(0.5):
                 break
+            info = coord.workers_info()
+            if info != workers_seen:
+                workers_seen = info
+                _write_json(os.path.join(run_dir, "workers.json"), info)
             p = coord.progress()
             p["t"] = time.time() - launched
             samples.append(p)
@@ -113,7 +118,7 @@ def run(
                 coord.fail(f"timed out after {timeout_s}s")
         if coord.failure is not None:
             sc.cancelJobGroup(run_id)
-            thread.join(timeout=30)
+            thread.join(timeout=5)
             raise RunFailed(coord.failure)
         thread.join()
         if job_error:
@@ -142,6 +147,15 @@ def run(
         samples.append(p)
     metrics.write(run_dir, summary, samples, coord.done)
     return RunResult(summary, run_dir)
+
+
+def _write_json(path: str, data: dict) -> None:
+    import json
+
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
 
 
 def _first_line(e: BaseException) -> str:

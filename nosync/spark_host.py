@@ -51,9 +51,17 @@ def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
     return spark
 
 
-def check_slots(spark: Any, workers: int) -> None:
-    """Every worker must run at once: refuse a master with fewer task slots than workers."""
-    slots = spark.sparkContext.defaultParallelism
+def check_slots(spark: Any, workers: int, wait_s: float = 60.0) -> None:
+    """Every worker must run at once: refuse a master with fewer task slots than workers.
+    A cluster's executors register after the session starts, so wait for them a while."""
+    import time
+
+    sc = spark.sparkContext
+    deadline = time.monotonic() + (0 if sc.master.startswith("local") else wait_s)
+    slots = sc.defaultParallelism
+    while slots < workers and time.monotonic() < deadline:
+        time.sleep(0.5)
+        slots = sc.defaultParallelism
     if slots < workers:
         raise NosyncError(
             f"{workers} workers need {workers} concurrent task slots; the Spark master "
