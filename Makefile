@@ -7,8 +7,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test soak lint java clean
 
+DEMO := runs/demo
+
 demo: $(STAMP) java
-	$(PY) -m cli.main demo
+	rm -rf $(DEMO)
+	$(PY) -m cli.main run experiments/workloads/wordcount.py --workers 2 --run-dir $(DEMO) -p output=$(DEMO)/output
+	$(PY) -m experiments.top_words $(DEMO)/output
 
 test: $(STAMP) java
 	@$(PY) -m pytest -q tests; rc=$$?; \

@@ -42,3 +42,32 @@ def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, wor
     if not as_json:
         click.echo(lsm_bench.render(result))
     sys.stdout.flush()
+
+
+@bench.command("throughput")
+@click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), default="none", show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
+@click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option("--master", default=None, help="Spark master (default: embedded local[W,4]).")
+@click.option("--sink", type=click.Choice(["parquet", "null"]), default="parquet", show_default=True,
+              help="Commit to Parquet files, or count and drop (the engine alone).")
+@click.option("--epoch-records", type=click.IntRange(min=1), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, as_json) -> None:
+    """keyed_count through the engine against the bare Python loop, measured in one command."""
+    from experiments.bench import throughput
+    from nosync.errors import NosyncError, RunFailed
+
+    try:
+        result = throughput.run(mode, workers, records, keys, master=master, sink=sink,
+                                epoch_records=epoch_records,
+                                progress=lambda m: click.echo(f"[bench throughput] {m}", err=True))
+    except RunFailed as e:
+        click.echo(f"error: run failed: {e}", err=True)
+        sys.exit(1)
+    except NosyncError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
+    if not as_json:
+        click.echo(throughput.render(result))

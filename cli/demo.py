@@ -1,4 +1,4 @@
-"""`nosync demo`: the main job of `make demo`."""
+"""`nosync lsm-demo`: a tour of the state store."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tempfile
 import click
 
 
-@click.command()
+@click.command("lsm-demo")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="State directory (default: a temporary one, removed after).")
 def demo(directory: str | None) -> None:

@@ -44,6 +44,7 @@ def summarize(run: dict, done: dict[int, dict]) -> dict:
         "records_read": read,
         "records_committed": committed,
         "dead_letters": sum(d["metrics"]["dead_letters"] for d in done.values()),
+        "peak_rss_mb": sum(d["metrics"].get("peak_rss_mb", 0) for d in done.values()),
         "latency_p50_ms": _ms(percentile(lat, 0.5)),
         "latency_p99_ms": _ms(percentile(lat, 0.99)),
         "latency_max_ms": _ms(max((v for v, _ in lat), default=None)),

@@ -120,9 +120,14 @@ class Pipeline:
         the graph is acyclic outside `iterate`."""
         if not any(n.kind == "source" for n in self.nodes):
             raise PipelineError(f"pipeline '{self.name}' has no source")
-        if not self.sinks:
-            raise PipelineError(f"pipeline '{self.name}' has no sink: add .sink(...) to a stream")
         consumed = {i for n in self.nodes for i in n.inputs}
+        if not self.sinks:
+            ends = [n for n in self.nodes if n.id not in consumed and not n.params.get("loop_internal")]
+            raise PipelineError(
+                f"pipeline '{self.name}' has no sink: end this stream with .sink(...)",
+                ends[-1].name,
+                ends[-1].where,
+            )
         for n in self.nodes:
             if n.kind != "sink" and n.id not in consumed and not n.params.get("loop_internal"):
                 raise PipelineError(

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from nosync.errors import PipelineError
+from nosync.pipeline import _declared_at
 
 
 class Sink:
@@ -70,9 +71,17 @@ class Files(Sink):
     def __init__(self, directory: str, format: str = "jsonl", **options: Any) -> None:
         unknown = set(options)
         if unknown:
-            raise PipelineError(f"unknown option(s) {', '.join(sorted(unknown))}; Files takes directory, format", "sinks.Files")
+            raise PipelineError(
+                f"unknown option(s) {', '.join(sorted(unknown))}; Files takes directory, format",
+                "sinks.Files",
+                _declared_at(),
+            )
         if format not in self.FORMATS:
-            raise PipelineError(f"unknown format {format!r}; formats: {', '.join(self.FORMATS)}", "sinks.Files")
+            raise PipelineError(
+                f"unknown format {format!r}; formats: {', '.join(self.FORMATS)}",
+                "sinks.Files",
+                _declared_at(),
+            )
         self.directory = directory
         self.format = format
 
@@ -160,7 +169,11 @@ class LevelDB(Sink):
 
     def __init__(self, directory: str, **options: Any) -> None:
         if options:
-            raise PipelineError(f"unknown option(s) {', '.join(sorted(options))}; LevelDB takes directory", "sinks.LevelDB")
+            raise PipelineError(
+                f"unknown option(s) {', '.join(sorted(options))}; LevelDB takes directory",
+                "sinks.LevelDB",
+                _declared_at(),
+            )
         self.directory = directory
 
     def describe(self) -> str:
@@ -225,7 +238,11 @@ class Console(Sink):
 
     def __init__(self, **options: Any) -> None:
         if options:
-            raise PipelineError(f"unknown option(s) {', '.join(sorted(options))}; Console takes none", "sinks.Console")
+            raise PipelineError(
+                f"unknown option(s) {', '.join(sorted(options))}; Console takes none",
+                "sinks.Console",
+                _declared_at(),
+            )
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:
         return _ConsolePart(worker)

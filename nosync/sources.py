@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nosync.errors import BadRecord, PipelineError
+from nosync.pipeline import _declared_at
 
 Chunk = tuple[list, Any]
 BadHandler = Callable[[BadRecord], None]
@@ -52,6 +53,7 @@ def _check_options(kind: str, options: dict, known: set[str]) -> None:
         raise PipelineError(
             f"unknown option(s) {', '.join(sorted(unknown))}; {kind} takes {', '.join(sorted(known))}",
             kind,
+            _declared_at(),
         )
 
 
@@ -66,12 +68,15 @@ class Generator(Source):
     def __init__(self, records: int = 1000, keys: int = 100, skew: float = 0.0,
                  fn: Callable[[int], Any] | None = None, partitions: int | None = None,
                  seed: int = 1) -> None:
+        bad = None
         if not isinstance(records, int) or records < 0:
-            raise PipelineError(f"records must be a non-negative int, got {records!r}", "Generator")
-        if not isinstance(keys, int) or keys < 1:
-            raise PipelineError(f"keys must be a positive int, got {keys!r}", "Generator")
-        if skew < 0:
-            raise PipelineError(f"skew must be >= 0 (0: uniform; Zipf exponent otherwise), got {skew!r}", "Generator")
+            bad = f"records must be a non-negative int, got {records!r}"
+        elif not isinstance(keys, int) or keys < 1:
+            bad = f"keys must be a positive int, got {keys!r}"
+        elif skew < 0:
+            bad = f"skew must be >= 0 (0: uniform; Zipf exponent otherwise), got {skew!r}"
+        if bad:
+            raise PipelineError(bad, "Generator", _declared_at())
         self.records, self.keys, self.skew, self.fn, self.seed = records, keys, skew, fn, seed
         self.partitions_ = partitions
 
@@ -123,7 +128,11 @@ class Files(Source):
         fmt = format or os.path.splitext(path)[1].lstrip(".").lower() or "text"
         fmt = {"txt": "text", "json": "jsonl", "ndjson": "jsonl", "pq": "parquet"}.get(fmt, fmt)
         if fmt not in self.FORMATS:
-            raise PipelineError(f"unknown file format {fmt!r} for {path}; formats: {', '.join(self.FORMATS)}", "Files")
+            raise PipelineError(
+                f"unknown file format {fmt!r} for {path}; formats: {', '.join(self.FORMATS)}",
+                "Files",
+                _declared_at(),
+            )
         self.format = fmt
         self.encoding = options.get("encoding", "utf-8")
 
@@ -233,7 +242,9 @@ class TcpLines(Source):
     def __init__(self, host: str, port: int, **options: Any) -> None:
         _check_options("TcpLines", options, {"encoding"})
         if not isinstance(port, int) or not 0 < port < 65536:
-            raise PipelineError(f"port must be 1..65535, got {port!r}", "TcpLines")
+            raise PipelineError(
+                f"port must be 1..65535, got {port!r}", "TcpLines", _declared_at()
+            )
         self.host, self.port = host, port
         self.encoding = options.get("encoding", "utf-8")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import selectors
 import socket
 import threading
@@ -441,6 +442,7 @@ class Worker:
             "pid": os.getpid(),
             "attempt": self.attempt,
             "first_read_at": self.first_read_at,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "last_commit_at": max((s.last_commit_at for s in self.sinks), default=None),
         }
 

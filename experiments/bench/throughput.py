@@ -1,0 +1,85 @@
+"""`nosync bench throughput`: the keyed running count through the engine, against the bare loop.
+
+The same command first measures the limit, `bare_loop_per_s`: the keyed running count as a
+plain Python loop over a dict on one core (the loop of ../shared/bench/peers/bare_count.py),
+best of three, before Spark starts. Then it runs the `keyed_count` workload (generator ->
+key_by -> aggregate -> committed Parquet files) and reports `records_per_s` from the first
+record read to the last one committed, Spark start-up excluded (`startup_s`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+BAR = 0.22
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOAD = os.path.join(os.path.dirname(HERE), "workloads", "keyed_count.py")
+
+
+def bare_loop(n: int, k: int) -> float:
+    """Records per second of the bare keyed running count (one core, no engine)."""
+    t = time.perf_counter()
+    state: dict = {}
+    out = 0
+    for i in range(n):
+        key = str(i % k)
+        v = state.get(key, 0) + 1
+        state[key] = v
+        out += 1
+    return n / (time.perf_counter() - t)
+
+
+def run(mode: str, workers: int, records: int, keys: int, master: str | None = None,
+        sink: str = "parquet", epoch_records: int | None = None, progress=lambda m: None) -> dict:
+    from nosync.runner import run as run_pipeline
+
+    progress("limit: bare loop")
+    bare = max(bare_loop(records, keys) for _ in range(3))
+    work = tempfile.mkdtemp(prefix="nosync-bench-tp-")
+    try:
+        out = "none" if sink == "null" else os.path.join(work, "out")
+        progress(f"engine: keyed_count, mode {mode}, {workers} workers")
+        result = run_pipeline(
+            WORKLOAD, mode=mode, workers=workers, master=master, run_dir=os.path.join(work, "run"),
+            epoch_records=epoch_records,
+            params={"records": str(records), "keys": str(keys), "output": out},
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    s = result.summary
+    assert s["records_committed"] == records, f"{s['records_committed']} of {records} records committed"
+    r = {
+        "workload": "keyed_count",
+        "mode": mode,
+        "workers": workers,
+        "records": records,
+        "keys": keys,
+        "sink": sink,
+        "records_per_s": s["records_per_s"],
+        "processing_s": s["processing_s"],
+        "startup_s": s["startup_s"],
+        "latency_p50_ms": s["latency_p50_ms"],
+        "latency_p99_ms": s["latency_p99_ms"],
+        "peak_rss_mb": s["peak_rss_mb"],
+        "bare_loop_per_s": bare,
+        "ratio_to_bare": s["records_per_s"] / bare,
+        "ratio_bar": f">= {BAR}",
+    }
+    r["ratio_ok"] = r["ratio_to_bare"] >= BAR
+    return r
+
+
+def render(r: dict) -> str:
+    rows = [
+        ("bare loop (limit)", f"{r['bare_loop_per_s']:,.0f} records/s"),
+        (f"engine, mode {r['mode']}, {r['workers']} workers", f"{r['records_per_s']:,.0f} records/s"),
+        ("ratio to bare", f"{r['ratio_to_bare']:.3f} (bar {r['ratio_bar']}) {'ok' if r['ratio_ok'] else 'BELOW BAR'}"),
+        ("start-up (excluded)", f"{r['startup_s']:.1f} s"),
+        ("latency p50 / p99", f"{r['latency_p50_ms']:,.0f} / {r['latency_p99_ms']:,.0f} ms"),
+        ("peak RSS (workers)", f"{r['peak_rss_mb']:,.0f} MB"),
+    ]
+    w = max(len(a) for a, _ in rows)
+    return "\n".join(f"{a:<{w}}  {b}" for a, b in rows)
