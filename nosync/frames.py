@@ -20,6 +20,8 @@ from nosync.errors import FrameError
 
 VERSION = 1
 MAX_FRAME = 64 << 20
+MAX_HEADER = 0xFFFF
+"""The header length is a u16."""
 PREFIX = struct.Struct("<IBBH")
 PREFIX_SIZE = PREFIX.size
 
@@ -46,6 +48,8 @@ def encode(kind: int, header: dict, body: Any = None) -> bytes:
     """The bytes of one frame."""
     h = msgpack.packb(header, use_bin_type=True)
     b = msgpack.packb(body, use_bin_type=True)
+    if len(h) > MAX_HEADER:
+        raise FrameError(f"frame header of {len(h)} bytes exceeds the {MAX_HEADER}-byte limit")
     n = 4 + len(h) + len(b)
     if n > MAX_FRAME:
         raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")

@@ -122,7 +122,7 @@ class Pipeline:
             raise PipelineError(f"pipeline '{self.name}' has no source")
         consumed = {i for n in self.nodes for i in n.inputs}
         if not self.sinks:
-            ends = [n for n in self.nodes if n.id not in consumed and not n.params.get("loop_internal")]
+            ends = [n for n in self.nodes if n.id not in consumed]
             raise PipelineError(
                 f"pipeline '{self.name}' has no sink: end this stream with .sink(...)",
                 ends[-1].name,

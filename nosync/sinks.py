@@ -116,6 +116,30 @@ class Files(Sink):
         return out
 
 
+def _arrow_table(recs: list) -> Any:
+    """Records as an Arrow table: dicts as rows, (key, value) pairs as two columns, anything
+    else as one column `value`. The layout is chosen by the first record and checked by the
+    conversion itself (a record of another shape falls back to the next layout)."""
+    import pyarrow as pa
+
+    first = recs[0]
+    if isinstance(first, dict):
+        try:
+            return pa.Table.from_pylist(recs)
+        except (pa.ArrowException, TypeError, AttributeError):
+            pass
+    elif isinstance(first, tuple | list) and len(first) == 2:
+        try:
+            keys, values = zip(*recs, strict=True)
+            return pa.table({"key": pa.array(keys), "value": pa.array(values)})
+        except (pa.ArrowException, TypeError, ValueError):
+            pass
+    try:
+        return pa.table({"value": pa.array(recs)})
+    except (pa.ArrowException, TypeError, ValueError):
+        return pa.table({"value": [json.dumps(r, default=_json_default) for r in recs]})
+
+
 class _FilesPart(SinkPart):
     def __init__(self, directory: str, fmt: str, worker: int) -> None:
         self.dir = directory
@@ -148,13 +172,7 @@ class _FilesPart(SinkPart):
                 import pyarrow as pa
                 import pyarrow.parquet as pq
 
-                if all(isinstance(r, dict) for r in recs):
-                    table = pa.Table.from_pylist(recs)
-                elif all(isinstance(r, tuple | list) and len(r) == 2 for r in recs):
-                    table = pa.table({"key": [r[0] for r in recs], "value": [r[1] for r in recs]})
-                else:
-                    table = pa.table({"value": pa.array(recs)})
-                pq.write_table(table, staged)
+                pq.write_table(_arrow_table(recs), staged)
             os.replace(staged, os.path.join(self.dir, self._name(e)))
             n += len(recs)
         return n

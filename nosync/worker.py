@@ -455,12 +455,17 @@ class Worker:
         peers = self._register()
         self.ctrl_conn = channels.Connection(self.ctrl, "coordinator")
         self.ctrl_conn.reader = self._ctrl_reader
-        pipeline = load_pipeline(self.spec["pipeline_file"], self.spec.get("params"))
-        p = plan(pipeline, self.workers)
-        self._build(p)
-        self._edge_dst = {r.edge: r.dst for r in self.routers}
-        self._connect_peers(peers["addresses"])
-        self.hooks.on_start(self)
+        try:
+            pipeline = load_pipeline(self.spec["pipeline_file"], self.spec.get("params"))
+            p = plan(pipeline, self.workers)
+            self._build(p)
+            self._edge_dst = {r.edge: r.dst for r in self.routers}
+            self._connect_peers(peers["addresses"])
+            self.hooks.on_start(self)
+        except Exception as e:
+            self._report_error(e)
+            self.ctrl_conn.close()
+            raise
         sel = selectors.DefaultSelector()
         sel.register(self.ctrl_conn.sock, selectors.EVENT_READ, ("ctrl", -1, self.ctrl_conn))
         for j, c in self.inc.items():
@@ -523,6 +528,9 @@ class Worker:
                     done_sent = True
                 if self.ctrl_conn.out_bytes:
                     self.ctrl_conn.flush()
+        except Exception as e:
+            self._report_error(e)
+            raise
         finally:
             if self._dl_file is not None:
                 self._dl_file.close()
@@ -532,6 +540,18 @@ class Worker:
                 c.close()
             sel.close()
         return {"worker": self.index, "attempt": self.attempt, "read": self.counters()["read"]}
+
+    def _report_error(self, e: BaseException) -> None:
+        """Tells the coordinator why this worker stops, before its connection drops."""
+        msg = str(e) if isinstance(e, RunFailed) else f"{type(e).__name__}: {e}"
+        if isinstance(e, RunFailed) and "channel with worker" in msg:
+            return  # a consequence of another worker's end, which that worker reports
+        try:
+            self.ctrl_conn.sock.setblocking(True)
+            self.ctrl_conn.flush()
+            self.ctrl_conn.sock.sendall(frames.encode(frames.CONTROL, {}, {"type": "error", "message": msg}))
+        except OSError:
+            pass
 
     def inc_finished(self, j: int) -> bool:
         chans = [op for op in self.ops for ch, e in op.inputs.items() if isinstance(ch, tuple) and ch[0] == "x" and ch[2] == j and e != EOS]
