@@ -144,7 +144,14 @@ class DiskTier:
         Per key (newest first): versions above `horizon` stay; the newest one at or below it is
         the key's state at the horizon and stays unless it is a deletion; older ones go.
         REQUIRES: horizon <= applied (versions indexed later are all above it).
+
+        Crash-safe by its order: the new horizon is made durable (and refuses older as-of
+        reads) before any version goes, and the deletions are written in chunks that end
+        between keys, never inside one (a tombstone deleted without the older versions it
+        hides would bring them back). A crash part-way changes no read at or after `horizon`.
         """
+        self.db.put(META_HORIZON, _meta_bytes(horizon), sync=True)
+        self.horizon = horizon
         dropped = 0
         wb = self.db.write_batch()
         pending = 0
@@ -155,6 +162,14 @@ class DiskTier:
             for mkey, raw in it:
                 ekey, seq = split_mvcc_key(mkey)
                 if ekey != current:
+                    if visited >= yield_every:
+                        if pending:
+                            wb.write()
+                            dropped += pending
+                            pending = 0
+                            wb = self.db.write_batch()
+                        visited = 0
+                        time.sleep(0)
                     current = ekey
                     kept_base = False
                 if seq > horizon:
@@ -164,17 +179,7 @@ class DiskTier:
                     pending += 1
                 kept_base = True
                 visited += 1
-                if visited % yield_every == 0:
-                    if pending:
-                        wb.write()
-                        dropped += pending
-                        pending = 0
-                        wb = self.db.write_batch()
-                    time.sleep(0)
-        wb.put(META_HORIZON, _meta_bytes(horizon))
         wb.write()
-        self.db.put(META_HORIZON, _meta_bytes(horizon), sync=True)
-        self.horizon = horizon
         return dropped + pending
 
     def compact_files(self) -> None:

@@ -65,8 +65,9 @@ def check_keys(updates: list | tuple) -> None:
     """Raises KeyEncodingError naming the first key of `updates` that is not a store key.
 
     The common case (flat keys) costs one set comprehension; tuple keys are checked deeply.
+    An update that is not a (key, value) pair raises ValueError or TypeError.
     """
-    types = {type(u[0]) for u in updates}
+    types = {type(k) for k, _ in updates}
     if types <= KEY_TYPES:
         return
     for i, (key, _) in enumerate(updates):

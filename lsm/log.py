@@ -196,7 +196,12 @@ class Log:
         if not self.segments or self.segments[-1].last <= seq:
             return
         seg = self.segments[-1]
-        end = next(r.offset for r in self.read(seg) if r.seq > seq)
+        end = next((r.offset for r in self.read(seg) if r.seq > seq), None)
+        if end is None:
+            # open() bounds the last seq of a segment it did not read by the next segment's
+            # first: nothing above `seq` is in it.
+            seg.last = seq
+            return
         fd = os.open(seg.path, os.O_WRONLY)
         try:
             files.truncate(fd, end)

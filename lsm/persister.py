@@ -89,21 +89,12 @@ class Persister(threading.Thread):
         return bool(every) and self._indexed_since_compact >= every and not self.compactor.busy
 
     def _upload_due(self) -> bool:
-        s = self.s
-        log = s._log
+        log = self.s._log
         if not log.segments:
             return False
-        if self._seal_target > s._durable_remote and s._logged >= self._seal_target:
+        if any(seg.sealed and seg.last > self.s._durable_remote for seg in log.segments[-2:]):
             return True
-        if any(seg.sealed and seg.last > s._durable_remote for seg in log.segments[-2:]):
-            return True
-        seg = log.segments[-1]
-        if seg.sealed or seg.last < seg.first:
-            return False
-        return (
-            seg.size >= s.options.segment_bytes
-            or time.monotonic() - seg.created >= s.options.seal_interval_s
-        )
+        return self._current_due()
 
     def _fail(self, level: str, e: BaseException) -> None:
         s = self.s
@@ -132,7 +123,11 @@ class Persister(threading.Thread):
             self._index(oldest)
             return "disk"
         if self._upload_due():
-            self._upload()
+            try:
+                self._upload()
+            except (OSError, LsmError) as e:
+                # The caller cannot see this step's return value: name the level here.
+                raise PersistError("remote", s.path, e) from e
             return "remote"
         if self._compaction_due():
             self._indexed_since_compact = 0
@@ -163,10 +158,23 @@ class Persister(threading.Thread):
             s._cond.notify_all()
         self._indexed_since_compact += m.updates
 
+    def _current_due(self) -> bool:
+        """Whether the segment being written should be sealed now (full, old, or asked for)."""
+        s = self.s
+        seg = s._log.segments[-1]
+        if seg.sealed or seg.last < seg.first:
+            return False
+        if self._seal_target > s._durable_remote and s._logged >= self._seal_target:
+            return True
+        return (
+            seg.size >= s.options.segment_bytes
+            or time.monotonic() - seg.created >= s.options.seal_interval_s
+        )
+
     def _upload(self) -> None:
         s = self.s
         log = s._log
-        if not log.segments[-1].sealed:
+        if self._current_due():
             log.seal()
         start = s._durable_remote
         records = []

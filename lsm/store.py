@@ -37,7 +37,7 @@ from lsm.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from lsm.keys import MAX_SEQ, check_keys, decode_key, encode_key, encode_prefix
+from lsm.keys import KEY_TYPES, MAX_SEQ, check_keys, decode_key, encode_key, encode_prefix
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.memtable import MISSING, Memtable
@@ -45,11 +45,9 @@ from lsm.records import Record
 from lsm.remote import RemoteTier
 
 LEVELS = ("memory", "disk", "remote")
-
-
-def _as_tuple(key: list | tuple) -> tuple:
-    """A list key as the tuple it decodes to (lists and tuples are one key)."""
-    return tuple(_as_tuple(k) if type(k) in (list, tuple) else k for k in key)
+DEFAULT_REMOTE = ""
+"""The manifest's name for the default remote tier, `<store>/remote`: kept relative, so a copied
+store directory does not write to the original's remote tier."""
 
 
 @dataclass
@@ -169,14 +167,16 @@ class Store:
     def _open(self, remote: str | None) -> None:
         manifest = read_manifest(self.path)
         if manifest is None:
-            manifest = Manifest.new(remote or os.path.join(self.path, "remote"))
+            manifest = Manifest.new(remote or DEFAULT_REMOTE)
         elif remote is not None and remote != manifest.remote:
             raise LsmError(
                 f"store {self.path} keeps its remote tier at {manifest.remote}, not {remote}"
             )
         self._disk: DiskTier | None = None
         self._log: Log | None = None
-        self.remote = RemoteTier(manifest.remote)
+        self.remote = RemoteTier(
+            os.path.join(self.path, "remote") if manifest.remote == DEFAULT_REMOTE else manifest.remote
+        )
         fresh = not os.path.exists(os.path.join(self.path, "disk"))
         write_manifest(self.path, manifest)
         self.manifest = manifest
@@ -300,7 +300,7 @@ class Store:
         failures = self._failures
         with self._cond:
             while self._mem_updates > self.options.memory_updates and not self._closed:
-                if self._failures != failures and self._error is not None:
+                if self._failures != failures and self._fails_level("disk"):
                     raise self._error
                 self._cond.wait(0.05)
         self.stats.backpressure_s += time.perf_counter() - start
@@ -329,8 +329,12 @@ class Store:
         object is shared with the store's cache: treat it as read-only.
         """
         self._check_as_of(as_of)
-        if type(key) is list:
-            key = _as_tuple(key)
+        if type(key) not in KEY_TYPES:
+            # Refuses what append refuses (a memtable would find key 1 for True or 1.0) and
+            # turns lists, at any depth, into the tuples the memtables hold.
+            key = decode_key(encode_key(key))[0]
+        if as_of is not None and as_of < 0:
+            return default
         mems, gen = self._view
         for m in mems:
             if m.batches:
@@ -424,6 +428,12 @@ class Store:
         self._wait_durable(level, target, timeout)
         return target
 
+    def _fails_level(self, level: str) -> bool:
+        """Whether the persister's current error stands in the way of `level`: a remote
+        outage does not fail a wait for the disk tier."""
+        err = self._error
+        return err is not None and LEVELS.index(err.level) <= LEVELS.index(level)
+
     def _wait_durable(self, level: str, seq: int, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         failures = self._failures
@@ -431,7 +441,7 @@ class Store:
             while self.durable(level) < seq:
                 if self._closed:
                     raise StoreClosedError(f"store {self.path} is closed")
-                if self._failures != failures and self._error is not None:
+                if self._failures != failures and self._fails_level(level):
                     raise self._error
                 if deadline is not None and time.monotonic() >= deadline:
                     raise LsmError(f"{self.path}: seq {seq} not durable on {level} after {timeout}s")
@@ -470,8 +480,10 @@ class Store:
         Crash-safe by its order: disk tier first, then remote, then the local log, so a crash
         part-way leaves either the old state (the log replays it) or the new one.
         """
-        self._check_as_of(to_seq)
         with self._persister.compactor.lock, self._tier_lock:
+            # Checked under the compaction lock: a background compaction may have moved the
+            # horizon past to_seq while this call waited for the lock.
+            self._check_as_of(to_seq)
             if to_seq >= self._last:
                 return
             with self._cond:

@@ -1,0 +1,227 @@
+"""Injected I/O faults: ENOSPC / EIO on the store's own file writes, and a failing remote tier.
+
+The log's writes and fsyncs all go through lsm.files, so wrapping `files.write` and
+`files.fsync` injects a fault at exactly the calls the store makes; `remote.write_table` is
+where every remote file is written. While a fault is on: the error surfaces to the caller as a
+PersistError carrying the OSError, nothing becomes durable that was not, nothing durable is
+lost, and reads still see every append. Once it clears, the store goes on as if nothing had
+happened: flush succeeds, and a reopen (after close or after a simulated crash) holds every
+batch. Expected states come from workload.Model, never from the store.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import threading
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+from workload import Model, batch, diff, log_seqs
+
+import lsm
+from lsm import files, remote
+
+SEED = 1234
+BEFORE = 20
+"""Batches 0..BEFORE-1 are durable before the fault; BEFORE..AFTER-1 are appended during it."""
+AFTER = 45
+OPTIONS = dict(segment_bytes=600, flush_interval_s=0.01, seal_interval_s=3600.0)
+
+
+class DiskFault:
+    """Wraps files.write / files.fsync: while `on`, they raise OSError(err).
+
+    how: "write" (nothing written), "short-write" (half the bytes written, then the error),
+    "fsync" (written, the fsync fails).
+    """
+
+    def __init__(self, monkeypatch, how: str, err: int) -> None:
+        self.how, self.err = how, err
+        self.on = False
+        self.hits = 0
+        real_write, real_fsync = files.write, files.fsync
+
+        def write(fd: int, data: bytes) -> None:
+            if self.on and how in ("write", "short-write"):
+                self.hits += 1
+                if how == "short-write":
+                    real_write(fd, bytes(data)[: len(data) // 2])
+                raise OSError(err, os.strerror(err))
+            real_write(fd, data)
+
+        def fsync(fd: int) -> None:
+            if self.on and how == "fsync":
+                self.hits += 1
+                raise OSError(err, os.strerror(err))
+            real_fsync(fd)
+
+        monkeypatch.setattr(files, "write", write)
+        monkeypatch.setattr(files, "fsync", fsync)
+
+
+def append(s: lsm.Store, model: Model, seqs: range) -> None:
+    for seq in seqs:
+        s.append(seq, batch(SEED, seq))
+    model.advance(seqs[-1])
+
+
+def check_state(s: lsm.Store, model: Model, last: int, where: str) -> None:
+    assert s.last_seq == last, f"{where}: last seq {s.last_seq}, expected {last}"
+    got, want = dict(s.scan()), model.state(last)
+    assert got == want, f"{where}:\n{diff(got, want)}"
+    for k, v in want.items():
+        assert s.get(k) == v, f"{where}: get({k!r}) = {s.get(k)!r}, model {v!r}"
+
+
+def check_reopen(path: str, model: Model, last: int, where: str) -> None:
+    with lsm.Store(path) as s:
+        check_state(s, model, last, where)
+    assert log_seqs(path) == list(range(last + 1)), f"{where}: the log is not seqs 0..{last}"
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+@pytest.mark.parametrize("how", ["write", "short-write", "fsync"])
+@pytest.mark.parametrize("end", ["close", "crash-after-recovery", "crash-during-fault"])
+@pytest.mark.parametrize("segment", ["append", "roll"])
+def test_disk_fault_surfaces_loses_nothing_and_clears(
+    tmp_path, monkeypatch, how, err, end, segment
+) -> None:
+    """segment: the faulted log write appends to the open segment, or starts a new one."""
+    fault = DiskFault(monkeypatch, how, err)
+    path = str(tmp_path / "store")
+    model = Model(SEED)
+    s = lsm.Store(path, **{**OPTIONS, "segment_bytes": 1 << 20 if segment == "append" else 1})
+    try:
+        append(s, model, range(BEFORE))
+        assert s.flush(timeout=10) == BEFORE - 1
+        assert s.durable("disk") == BEFORE - 1
+
+        fault.on = True
+        append(s, model, range(BEFORE, AFTER))
+        with pytest.raises(lsm.PersistError) as ei:
+            s.flush(timeout=10)
+        e = ei.value
+        assert fault.hits > 0
+        assert isinstance(e.cause, OSError) and e.cause.errno == err, f"cause: {e.cause!r}"
+        assert e.level == "disk", e
+        assert s.error is not None and s.error.cause.errno == err
+        assert s.durable("disk") == BEFORE - 1, "durability advanced over a failed write"
+        check_state(s, model, AFTER - 1, "reads during the fault")
+        if end == "crash-during-fault":
+            s.abandon()
+            fault.on = False
+            check_reopen(path, model, BEFORE - 1, "reopen after a crash during the fault")
+            return
+
+        fault.on = False
+        assert s.flush(timeout=10) == AFTER - 1
+        assert s.durable("disk") == AFTER - 1
+        append(s, model, range(AFTER, AFTER + 5))
+        assert s.flush(timeout=10) == AFTER + 4
+        if end == "crash-after-recovery":
+            s.abandon()
+        else:
+            s.close()
+    finally:
+        fault.on = False
+        s.abandon()
+    check_reopen(path, model, AFTER + 4, f"reopen after {end}")
+
+
+class RemoteFault:
+    """Wraps remote.write_table: while `on`, it raises OSError(ENOSPC), after `delay_s` (an
+    upload that times out) if set; `entered` is set whenever a faulted write starts."""
+
+    def __init__(self, monkeypatch, delay_s: float = 0.0) -> None:
+        self.on = False
+        self.hits = 0
+        self.delay_s = delay_s
+        self.entered = threading.Event()
+        real = remote.write_table
+
+        def write_table(fs, path, table) -> None:
+            if self.on:
+                self.hits += 1
+                self.entered.set()
+                if self.delay_s:
+                    threading.Event().wait(self.delay_s)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(fs, path, table)
+
+        monkeypatch.setattr(remote, "write_table", write_table)
+
+
+def remote_seqs(path: str) -> list[int]:
+    """The seqs of the remote tier's log segments, read with pyarrow alone."""
+    seqs: list[int] = []
+    d = os.path.join(path, "remote")
+    for name in sorted(os.listdir(d)):
+        if name.startswith("log-") and name.endswith(".arrow"):
+            with pa.memory_map(os.path.join(d, name)) as src:
+                seqs.extend(ipc.open_file(src).read_all().column("seq").to_pylist())
+    return sorted(seqs)
+
+
+def test_remote_fault_surfaces_and_clears(tmp_path, monkeypatch) -> None:
+    fault = RemoteFault(monkeypatch)
+    path = str(tmp_path / "store")
+    model = Model(SEED)
+    # Large segments: no upload is due until flush("remote") asks, which the persister serves
+    # after logging (and indexing) everything appended, so the disk tier is ahead at the raise.
+    with lsm.Store(path, **{**OPTIONS, "segment_bytes": 1 << 20}) as s:
+        append(s, model, range(BEFORE))
+        assert s.flush("remote", timeout=10) == BEFORE - 1
+        assert s.durable("remote") == BEFORE - 1
+
+        fault.on = True
+        append(s, model, range(BEFORE, AFTER))
+        with pytest.raises(lsm.PersistError) as ei:
+            s.flush("remote", timeout=10)
+        e = ei.value
+        assert fault.hits > 0
+        assert isinstance(e.cause, OSError) and e.cause.errno == errno.ENOSPC, f"cause: {e.cause!r}"
+        assert e.level == "remote", f"a failed upload reported as level {e.level!r}: {e}"
+        assert s.durable("remote") == BEFORE - 1
+        assert s.durable("disk") == AFTER - 1, "the local log did not advance during the outage"
+        check_state(s, model, AFTER - 1, "reads during the remote fault")
+
+        fault.on = False
+        assert s.flush("remote", timeout=10) == AFTER - 1
+        assert s.durable("remote") == AFTER - 1
+    assert remote_seqs(path) == list(range(AFTER)), "the remote tier lacks some seqs"
+    check_reopen(path, model, AFTER - 1, "reopen after the remote fault")
+    # The remote tier alone restores everything.
+    shutil.rmtree(os.path.join(path, "disk"))
+    shutil.rmtree(os.path.join(path, "log"))
+    with lsm.Store(path) as s:
+        check_state(s, model, AFTER - 1, "restore from the remote tier")
+
+
+def test_remote_outage_does_not_fail_local_flush_or_close(tmp_path, monkeypatch) -> None:
+    """Local durability does not depend on the remote tier: with uploads failing (slowly, like
+    a timeout), flush("disk") and close() still succeed once the batches are in the log."""
+    fault = RemoteFault(monkeypatch, delay_s=0.3)
+    path = str(tmp_path / "store")
+    model = Model(SEED)
+    s = lsm.Store(path, **OPTIONS)
+    try:
+        append(s, model, range(BEFORE))
+        assert s.flush("remote", timeout=10) == BEFORE - 1
+        fault.on = True
+        append(s, model, range(BEFORE, AFTER))
+        # Uploads are due once a segment is sealed by size; wait until one is failing.
+        assert fault.entered.wait(10), "no upload was attempted"
+        append(s, model, range(AFTER, AFTER + 5))
+        assert s.flush("disk", timeout=10) == AFTER + 4
+        assert s.durable("disk") == AFTER + 4
+        fault.entered.clear()
+        assert fault.entered.wait(10), "no upload was attempted"
+        append(s, model, range(AFTER + 5, AFTER + 10))
+        s.close()
+    finally:
+        fault.on = False
+        s.abandon()
+    check_reopen(path, model, AFTER + 9, "reopen after the remote outage")
