@@ -18,13 +18,23 @@ def bench() -> None:
 @bench.command("lsm")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 @click.option("--keys", default=1_000_000, show_default=True, type=click.IntRange(min=1000))
-@click.option("--rounds", default=5, show_default=True, type=click.IntRange(min=2),
-              help="Passes over the key space in the sustained run (5M updates at the default).")
-@click.option("--probes", default=200_000, show_default=True, type=click.IntRange(min=1),
-              help="As-of look-ups per read pass.")
+@click.option(
+    "--rounds",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Passes over the key space in the sustained run (5M updates at the default).",
+)
+@click.option(
+    "--probes", default=200_000, show_default=True, type=click.IntRange(min=1), help="As-of look-ups per read pass."
+)
 @click.option("--seed", default=7, show_default=True, type=int)
-@click.option("--workdir", type=click.Path(file_okay=False), default=None,
-              help="Where the stores go (default: a temporary directory, removed after).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the stores go (default: a temporary directory, removed after).",
+)
 def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, workdir: str | None) -> None:
     """The lsm store against a bare dict and raw LevelDB on the same data."""
     from experiments.bench import lsm_bench
@@ -32,7 +42,11 @@ def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, wor
     tmp = workdir or tempfile.mkdtemp(prefix="nosync-bench-lsm-")
     try:
         result = lsm_bench.run(
-            tmp, keys=keys, rounds=rounds, probes=probes, seed=seed,
+            tmp,
+            keys=keys,
+            rounds=rounds,
+            probes=probes,
+            seed=seed,
             progress=lambda msg: click.echo(f"[bench lsm] {msg}", err=True),
         )
     finally:
@@ -50,8 +64,13 @@ def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, wor
 @click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--master", default=None, help="Spark master (default: embedded local[W,4]).")
-@click.option("--sink", type=click.Choice(["parquet", "null"]), default="parquet", show_default=True,
-              help="Commit to Parquet files, or count and drop (the engine alone).")
+@click.option(
+    "--sink",
+    type=click.Choice(["parquet", "null"]),
+    default="parquet",
+    show_default=True,
+    help="Commit to Parquet files, or count and drop (the engine alone).",
+)
 @click.option("--epoch-records", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, as_json) -> None:
@@ -60,9 +79,16 @@ def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, 
     from nosync.errors import NosyncError, RunFailed
 
     try:
-        result = throughput.run(mode, workers, records, keys, master=master, sink=sink,
-                                epoch_records=epoch_records,
-                                progress=lambda m: click.echo(f"[bench throughput] {m}", err=True))
+        result = throughput.run(
+            mode,
+            workers,
+            records,
+            keys,
+            master=master,
+            sink=sink,
+            epoch_records=epoch_records,
+            progress=lambda m: click.echo(f"[bench throughput] {m}", err=True),
+        )
     except RunFailed as e:
         click.echo(f"error: run failed: {e}", err=True)
         sys.exit(1)

@@ -10,8 +10,13 @@ import click
 
 
 @click.command("lsm-demo")
-@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
-              help="State directory (default: a temporary one, removed after).")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="State directory (default: a temporary one, removed after).",
+)
 def demo(directory: str | None) -> None:
     """A tour of the versioned state store: append, as-of reads, crash, rollback, compaction."""
     import lsm

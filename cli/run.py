@@ -15,15 +15,23 @@ from cli.common import parse_params
 @click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), default="none", show_default=True)
 @click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--master", default=None, help="Spark master URL (default: embedded local[W,4]).")
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None, help="Where metrics go (default: runs/NAME-TIME).")
-@click.option("--epoch-records", type=click.IntRange(min=1), default=None, help="Cut epochs every N records per source partition (default 10000).")
+@click.option(
+    "--run-dir", type=click.Path(file_okay=False), default=None, help="Where metrics go (default: runs/NAME-TIME)."
+)
+@click.option(
+    "--epoch-records",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cut epochs every N records per source partition (default 10000).",
+)
 @click.option("--epoch-ms", type=click.IntRange(min=1), default=None, help="Cut epochs every MS milliseconds instead.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True)
 @click.option("--on-bad-record", type=click.Choice(["deadletter", "fail"]), default="deadletter", show_default=True)
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")
-def run_cmd(pipeline_file, mode, workers, master, run_dir, epoch_records, epoch_ms, batch_size,
-            linger_ms, on_bad_record, params) -> None:
+def run_cmd(
+    pipeline_file, mode, workers, master, run_dir, epoch_records, epoch_ms, batch_size, linger_ms, on_bad_record, params
+) -> None:
     """Run PIPELINE_FILE (a Python file defining `pipeline` or `build(args)`)."""
     from nosync.errors import NosyncError, PipelineError, RunFailed
     from nosync.runner import run
@@ -38,17 +46,30 @@ def run_cmd(pipeline_file, mode, workers, master, run_dir, epoch_records, epoch_
         now = time.time()
         rate = (p["read"] - last[1]) / max(1e-9, now - last[0]) if last[0] else 0.0
         last[0], last[1] = now, p["read"]
-        line = (f"t={p['t']:6.1f}s workers={p['workers']} read={p['read']:,} committed={p['committed']:,} "
-                f"rate={rate:,.0f}/s epoch={p['frontier']}")
+        line = (
+            f"t={p['t']:6.1f}s workers={p['workers']} read={p['read']:,} committed={p['committed']:,} "
+            f"rate={rate:,.0f}/s epoch={p['frontier']}"
+        )
         if tty:
             click.echo("\r" + line.ljust(100), nl=False)
         elif int(p["t"] * 2) % 2 == 0:
             click.echo(line)
 
     try:
-        result = run(pipeline_file, mode=mode, workers=workers, master=master, run_dir=run_dir,
-                     epoch_records=epoch_records, epoch_ms=epoch_ms, params=args, batch_size=batch_size,
-                     linger_ms=linger_ms, on_bad_record=on_bad_record, progress=progress)
+        result = run(
+            pipeline_file,
+            mode=mode,
+            workers=workers,
+            master=master,
+            run_dir=run_dir,
+            epoch_records=epoch_records,
+            epoch_ms=epoch_ms,
+            params=args,
+            batch_size=batch_size,
+            linger_ms=linger_ms,
+            on_bad_record=on_bad_record,
+            progress=progress,
+        )
     except PipelineError as e:
         if tty:
             click.echo()
@@ -66,11 +87,16 @@ def run_cmd(pipeline_file, mode, workers, master, run_dir, epoch_records, epoch_
         click.echo()
     s = result.summary
     rows = [
-        ("pipeline", s["pipeline"]), ("mode", s["mode"]), ("workers", s["workers"]),
-        ("records read", f"{s['records_read']:,}"), ("records committed", f"{s['records_committed']:,}"),
-        ("throughput", f"{s['records_per_s']:,.0f} records/s"), ("start-up", f"{s['startup_s']:.1f} s"),
+        ("pipeline", s["pipeline"]),
+        ("mode", s["mode"]),
+        ("workers", s["workers"]),
+        ("records read", f"{s['records_read']:,}"),
+        ("records committed", f"{s['records_committed']:,}"),
+        ("throughput", f"{s['records_per_s']:,.0f} records/s"),
+        ("start-up", f"{s['startup_s']:.1f} s"),
         ("latency p50 / p99", f"{_ms(s['latency_p50_ms'])} / {_ms(s['latency_p99_ms'])}"),
-        ("dead letters", s["dead_letters"]), ("run directory", result.run_dir),
+        ("dead letters", s["dead_letters"]),
+        ("run directory", result.run_dir),
     ]
     width = max(len(a) for a, _ in rows)
     click.echo("\n".join(f"{a:<{width}}  {b}" for a, b in rows))

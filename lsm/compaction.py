@@ -38,9 +38,7 @@ class Compactor:
         if self.busy:
             return
         self.busy = True
-        self._thread = threading.Thread(
-            target=self._background, name=f"lsm-compactor:{self.s.path}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._background, name=f"lsm-compactor:{self.s.path}", daemon=True)
         self._thread.start()
 
     def _background(self) -> None:

@@ -41,9 +41,7 @@ class RetentionError(LsmError):
     """An as-of read, rollback or snapshot asked for a seq older than the retention horizon."""
 
     def __init__(self, seq: int, horizon: int) -> None:
-        super().__init__(
-            f"seq {seq} is older than the retention horizon {horizon}: its versions were compacted away"
-        )
+        super().__init__(f"seq {seq} is older than the retention horizon {horizon}: its versions were compacted away")
         self.seq = seq
         self.horizon = horizon
 

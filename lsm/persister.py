@@ -166,10 +166,7 @@ class Persister(threading.Thread):
             return False
         if self._seal_target > s._durable_remote and s._logged >= self._seal_target:
             return True
-        return (
-            seg.size >= s.options.segment_bytes
-            or time.monotonic() - seg.created >= s.options.seal_interval_s
-        )
+        return seg.size >= s.options.segment_bytes or time.monotonic() - seg.created >= s.options.seal_interval_s
 
     def _upload(self) -> None:
         s = self.s

@@ -120,9 +120,7 @@ class RemoteTier:
             {
                 "seq": pa.array([r.seq for r in records], pa.uint64()),
                 "payload": pa.array(payloads, pa.binary()),
-                "checksum": pa.array(
-                    [xxhash.xxh3_64_intdigest(p, len(p)) for p in payloads], pa.uint64()
-                ),
+                "checksum": pa.array([xxhash.xxh3_64_intdigest(p, len(p)) for p in payloads], pa.uint64()),
             },
             schema=LOG_SCHEMA,
         )
@@ -190,6 +188,4 @@ class RemoteTier:
         return gone
 
     def total_bytes(self) -> int:
-        return sum(
-            i.size for i in self.fs.get_file_info(pafs.FileSelector(self.root)) if i.size is not None
-        )
+        return sum(i.size for i in self.fs.get_file_info(pafs.FileSelector(self.root)) if i.size is not None)

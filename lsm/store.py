@@ -169,9 +169,7 @@ class Store:
         if manifest is None:
             manifest = Manifest.new(remote or DEFAULT_REMOTE)
         elif remote is not None and remote != manifest.remote:
-            raise LsmError(
-                f"store {self.path} keeps its remote tier at {manifest.remote}, not {remote}"
-            )
+            raise LsmError(f"store {self.path} keeps its remote tier at {manifest.remote}, not {remote}")
         self._disk: DiskTier | None = None
         self._log: Log | None = None
         self.remote = RemoteTier(

@@ -143,7 +143,9 @@ class Coordinator:
             for w, t in list(self.last_beat.items()):
                 if w not in self.done and now - t > HEARTBEAT_TIMEOUT_S and not self.finished:
                     self.last_beat.pop(w)
-                    self.mode.on_worker_lost(self, w, self.attempts.get(w, 0), f"no heartbeat for {HEARTBEAT_TIMEOUT_S}s")
+                    self.mode.on_worker_lost(
+                        self, w, self.attempts.get(w, 0), f"no heartbeat for {HEARTBEAT_TIMEOUT_S}s"
+                    )
             for c in list(self.conns.values()):
                 if c.out_bytes and not c.closed:
                     try:

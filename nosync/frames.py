@@ -113,12 +113,16 @@ class FrameReader:
         out = []
         pos = 0
         size = len(buf)
-        while size - pos >= PREFIX_SIZE:
-            total = frame_length(memoryview(buf)[pos : pos + PREFIX_SIZE])
-            if size - pos < total:
-                break
-            out.append(decode(bytes(buf[pos : pos + total])))
-            pos += total
+        view = memoryview(buf)
+        try:
+            while size - pos >= PREFIX_SIZE:
+                total = frame_length(view[pos : pos + PREFIX_SIZE])
+                if size - pos < total:
+                    break
+                out.append(decode(view[pos : pos + total]))
+                pos += total
+        finally:
+            view.release()
         if pos:
             del buf[:pos]
         return out

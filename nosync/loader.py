@@ -29,7 +29,9 @@ def load_pipeline(path: str, params: dict | None = None) -> Pipeline:
         p = ns["build"](params)
     elif "pipeline" in ns:
         if params:
-            raise PipelineError(f"{path} defines `pipeline`, not `build(args)`: it takes no -p parameters ({', '.join(params)})")
+            raise PipelineError(
+                f"{path} defines `pipeline`, not `build(args)`: it takes no -p parameters ({', '.join(params)})"
+            )
         p = ns["pipeline"]
     else:
         raise PipelineError(f"{path} defines neither `pipeline` nor `build(args)`")

@@ -368,9 +368,7 @@ class SinkOp(Op):
 
     def process(self, records: list, epoch: int, channel: Any) -> None:
         if epoch <= self.committed_epoch:
-            raise RunFailed(
-                f"sink '{self.name}' got {len(records)} records of epoch {epoch} after committing it"
-            )
+            raise RunFailed(f"sink '{self.name}' got {len(records)} records of epoch {epoch} after committing it")
         self.part.write(epoch, records)
         self.staged_ts.setdefault(epoch, []).append((self.clock.ts, len(records)))
         return None

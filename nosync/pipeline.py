@@ -99,9 +99,7 @@ class Pipeline:
         from nosync.sources import Source
 
         if not isinstance(source, Source):
-            raise PipelineError(
-                f"source() takes a nosync.sources object, got {type(source).__name__}", name, where
-            )
+            raise PipelineError(f"source() takes a nosync.sources object, got {type(source).__name__}", name, where)
         node = self._add("source", (), False, name, where, source=source)
         return Stream(self, node)
 
@@ -263,9 +261,7 @@ class Stream:
         for o in others:
             if not isinstance(o, Stream) or o.pipeline is not self.pipeline:
                 raise PipelineError("union() takes streams of the same pipeline", name or "union", where)
-        node = self.pipeline._add(
-            "union", (self.node.id, *(o.node.id for o in others)), False, name, where
-        )
+        node = self.pipeline._add("union", (self.node.id, *(o.node.id for o in others)), False, name, where)
         return Stream(self.pipeline, node)
 
     def sink(self, sink: Any, name: str | None = None) -> None:
@@ -278,20 +274,27 @@ class Stream:
         self._derive("sink", name, where, sink=sink)
 
     def _keyed_only(self, kind: str, name: str | None, where: str) -> None:
-        raise PipelineError(
-            f"{kind} is a keyed operator: call key_by(...) on the stream first", name or kind, where
-        )
+        raise PipelineError(f"{kind} is a keyed operator: call key_by(...) on the stream first", name or kind, where)
 
     def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> KeyedStream:
         self._keyed_only("reduce", name, _declared_at())
 
-    def aggregate(self, init: Callable[[], Any], add: Callable[[Any, Any], Any], name: str | None = None) -> KeyedStream:
+    def aggregate(
+        self, init: Callable[[], Any], add: Callable[[Any, Any], Any], name: str | None = None
+    ) -> KeyedStream:
         self._keyed_only("aggregate", name, _declared_at())
 
     def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Iterable[Any]]], name: str | None = None) -> Stream:
         self._keyed_only("stateful_map", name, _declared_at())
 
-    def window(self, size: float, time: Callable[[Any], float], init: Callable[[], Any], add: Callable[[Any, Any], Any], name: str | None = None) -> KeyedStream:
+    def window(
+        self,
+        size: float,
+        time: Callable[[Any], float],
+        init: Callable[[], Any],
+        add: Callable[[Any, Any], Any],
+        name: str | None = None,
+    ) -> KeyedStream:
         self._keyed_only("window", name, _declared_at())
 
     def join(self, other: KeyedStream, name: str | None = None) -> KeyedStream:
@@ -313,7 +316,9 @@ class KeyedStream(Stream):
         _check_fn(fn, "reduce's function", name or "reduce", where)
         return KeyedStream(self.pipeline, self._derive("reduce", name, where, keyed=True, fn=fn))
 
-    def aggregate(self, init: Callable[[], Any], add: Callable[[Any, Any], Any], name: str | None = None) -> KeyedStream:
+    def aggregate(
+        self, init: Callable[[], Any], add: Callable[[Any, Any], Any], name: str | None = None
+    ) -> KeyedStream:
         """A running aggregate per key: acc starts as init(), each record sets acc = add(acc, value),
         and (key, acc) is emitted.
 
@@ -349,7 +354,8 @@ class KeyedStream(Stream):
         acc = add(acc, value) from init(); emits (key, (window_start, acc)) once the watermark
         (the least event time still to come, over all inputs) passes the window's end.
 
-        >>> bids.key_by(lambda b: b["auction"]).window(10.0, lambda b: b["ts"], int, lambda n, _: n + 1)  # doctest: +SKIP
+        >>> per_auction = bids.key_by(lambda b: b["auction"])  # doctest: +SKIP
+        >>> per_auction.window(10.0, lambda b: b["ts"], int, lambda n, _: n + 1)  # doctest: +SKIP
         """
         where = _declared_at()
         op = name or "window"

@@ -60,7 +60,9 @@ def run(
     plan(pipeline, workers)
     driver_mode = get_mode(mode)
     run_id = uuid.uuid4().hex[:12]
-    run_dir = os.path.abspath(run_dir or os.path.join("runs", f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}"))
+    run_dir = os.path.abspath(
+        run_dir or os.path.join("runs", f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}")
+    )
     os.makedirs(run_dir, exist_ok=True)
 
     t0 = time.time()

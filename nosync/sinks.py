@@ -169,7 +169,6 @@ class _FilesPart(SinkPart):
                     f.flush()
                     os.fsync(f.fileno())
             else:
-                import pyarrow as pa
                 import pyarrow.parquet as pq
 
                 pq.write_table(_arrow_table(recs), staged)

@@ -65,9 +65,15 @@ class Generator(Source):
     [(['0', '1', '0', '1'], 4)]
     """
 
-    def __init__(self, records: int = 1000, keys: int = 100, skew: float = 0.0,
-                 fn: Callable[[int], Any] | None = None, partitions: int | None = None,
-                 seed: int = 1) -> None:
+    def __init__(
+        self,
+        records: int = 1000,
+        keys: int = 100,
+        skew: float = 0.0,
+        fn: Callable[[int], Any] | None = None,
+        partitions: int | None = None,
+        seed: int = 1,
+    ) -> None:
         bad = None
         if not isinstance(records, int) or records < 0:
             bad = f"records must be a non-negative int, got {records!r}"
@@ -191,7 +197,13 @@ class Files(Source):
                         else:
                             recs.append(text)
                     except (UnicodeDecodeError, ValueError) as e:
-                        on_bad(BadRecord(f"{type(e).__name__}: {e}", path, {"byte": start, "raw": line[:200].decode("utf-8", "replace")}))
+                        on_bad(
+                            BadRecord(
+                                f"{type(e).__name__}: {e}",
+                                path,
+                                {"byte": start, "raw": line[:200].decode("utf-8", "replace")},
+                            )
+                        )
                 yield recs, pos
 
     def _read_csv(self, part: dict, offset: Any, chunk: int, on_bad: BadHandler) -> Iterator[Chunk]:
@@ -201,12 +213,22 @@ class Files(Source):
         bad_rows: list[BadRecord] = []
 
         def invalid(row: Any) -> str:
-            bad_rows.append(BadRecord(f"{row.expected_columns} columns expected, {row.actual_columns} found", path, {"row": row.number, "raw": row.text[:200]}))
+            bad_rows.append(
+                BadRecord(
+                    f"{row.expected_columns} columns expected, {row.actual_columns} found",
+                    path,
+                    {"row": row.number, "raw": row.text[:200]},
+                )
+            )
             return "skip"
 
         skip = int(offset or 0)
-        reader = pacsv.open_csv(path, parse_options=pacsv.ParseOptions(invalid_row_handler=invalid),
-                                read_options=pacsv.ReadOptions(block_size=1 << 20))
+        # use_threads=False: only a single-threaded parse knows the line number of a bad row
+        reader = pacsv.open_csv(
+            path,
+            parse_options=pacsv.ParseOptions(invalid_row_handler=invalid),
+            read_options=pacsv.ReadOptions(block_size=1 << 20, use_threads=False),
+        )
         row = 0
         for batch in reader:
             recs = batch.to_pylist()
@@ -220,6 +242,8 @@ class Files(Source):
             if first < skip:
                 recs = recs[skip - first :]
             yield recs, row
+        for b in bad_rows:  # bad rows of a last block that had no good row
+            on_bad(b)
 
     def _read_parquet(self, part: dict, offset: Any, chunk: int) -> Iterator[Chunk]:
         import pyarrow.parquet as pq
@@ -242,9 +266,7 @@ class TcpLines(Source):
     def __init__(self, host: str, port: int, **options: Any) -> None:
         _check_options("TcpLines", options, {"encoding"})
         if not isinstance(port, int) or not 0 < port < 65536:
-            raise PipelineError(
-                f"port must be 1..65535, got {port!r}", "TcpLines", _declared_at()
-            )
+            raise PipelineError(f"port must be 1..65535, got {port!r}", "TcpLines", _declared_at())
         self.host, self.port = host, port
         self.encoding = options.get("encoding", "utf-8")
 

@@ -155,9 +155,7 @@ class SourceOp(Op):
         super().__init__(node)
         self.source = node.params["source"]
         self.w = worker
-        self.parts = [
-            {"part": p, "iter": None, "offset": None, "read": 0, "done": False, "left": []} for p in parts
-        ]
+        self.parts = [{"part": p, "iter": None, "offset": None, "read": 0, "done": False, "left": []} for p in parts]
         self.epoch = 0
         self.started = time.monotonic()
         self.finished = False
@@ -268,8 +266,13 @@ class Worker:
             frames.encode(
                 frames.CONTROL,
                 {},
-                {"type": "register", "worker": self.index, "attempt": self.attempt,
-                 "addr": [host, self.listener.getsockname()[1]], "pid": os.getpid()},
+                {
+                    "type": "register",
+                    "worker": self.index,
+                    "attempt": self.attempt,
+                    "addr": [host, self.listener.getsockname()[1]],
+                    "pid": os.getpid(),
+                },
             )
         )
         reader = frames.FrameReader()
@@ -385,8 +388,12 @@ class Worker:
             path = os.path.join(self.spec["run_dir"], f"dead-letter-w{self.index}.jsonl")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self._dl_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
-        self._dl_file.write(json.dumps({"source": op_name, "file": bad.source, "position": bad.position,
-                                        "error": str(bad)}, default=str) + "\n")
+        self._dl_file.write(
+            json.dumps(
+                {"source": op_name, "file": bad.source, "position": bad.position, "error": str(bad)}, default=str
+            )
+            + "\n"
+        )
         self._dl_file.flush()
         self.dead_letters += 1
 
@@ -400,7 +407,7 @@ class Worker:
             if dst is None:
                 raise FrameError(f"data frame for unknown edge {h.get('edge')!r}")
             self.clock.ts = h.get("ts") or 0.0
-            dst.push(list(f.body), h["epoch"], ("x", h["edge"], j))
+            dst.push(f.body, h["epoch"], ("x", h["edge"], j))
         elif f.kind == frames.MARKER:
             dst = self._edge_dst.get(h.get("edge"))
             if dst is None:
@@ -554,7 +561,12 @@ class Worker:
             pass
 
     def inc_finished(self, j: int) -> bool:
-        chans = [op for op in self.ops for ch, e in op.inputs.items() if isinstance(ch, tuple) and ch[0] == "x" and ch[2] == j and e != EOS]
+        chans = [
+            op
+            for op in self.ops
+            for ch, e in op.inputs.items()
+            if isinstance(ch, tuple) and ch[0] == "x" and ch[2] == j and e != EOS
+        ]
         return not chans
 
 

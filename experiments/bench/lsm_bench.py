@@ -25,7 +25,6 @@ import os
 import random
 import shutil
 import struct
-import threading
 import time
 from dataclasses import dataclass
 
@@ -303,7 +302,7 @@ def render(r: dict) -> str:
         ("LevelDB seek (limit)", f"{r['leveldb_seek_per_s']:,.0f} reads/s", "seek + prev, raw put DB"),
         ("LevelDB seek, store's files", f"{r['leveldb_seek_same_files_per_s']:,.0f} reads/s", "one seek"),
     ]
-    for field, (limit, bar) in BARS.items():
+    for field, (_, bar) in BARS.items():
         ok = "ok" if r[f"{field}_ok"] else "BELOW BAR"
         rows.append((field, f"{r[field]:,.0f}/s", f"{r[field + '_ratio']:.2f} x limit (bar {bar}) {ok}"))
     for field, bar in ABSOLUTE_BARS.items():

@@ -32,8 +32,16 @@ def bare_loop(n: int, k: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def run(mode: str, workers: int, records: int, keys: int, master: str | None = None,
-        sink: str = "parquet", epoch_records: int | None = None, progress=lambda m: None) -> dict:
+def run(
+    mode: str,
+    workers: int,
+    records: int,
+    keys: int,
+    master: str | None = None,
+    sink: str = "parquet",
+    epoch_records: int | None = None,
+    progress=lambda m: None,
+) -> dict:
     from nosync.runner import run as run_pipeline
 
     progress("limit: bare loop")
@@ -43,7 +51,11 @@ def run(mode: str, workers: int, records: int, keys: int, master: str | None = N
         out = "none" if sink == "null" else os.path.join(work, "out")
         progress(f"engine: keyed_count, mode {mode}, {workers} workers")
         result = run_pipeline(
-            WORKLOAD, mode=mode, workers=workers, master=master, run_dir=os.path.join(work, "run"),
+            WORKLOAD,
+            mode=mode,
+            workers=workers,
+            master=master,
+            run_dir=os.path.join(work, "run"),
             epoch_records=epoch_records,
             params={"records": str(records), "keys": str(keys), "output": out},
         )

@@ -3,8 +3,8 @@ joined with the auction's details.
 
     bids -> key_by(auction) -> window(size, count) -> join(auctions keyed by id) -> sink
 
-Bid i: auction (i * 2654435761 >> 7) % auctions (an uneven spread), price 100 + (i * 31) % 900, event time i (increasing, so
-no bid is late). Auction a: seller a % 50, category a % 10. Output records:
+Bid i: auction (i * 2654435761 >> 7) % auctions (an uneven spread), price 100 + (i * 31) % 900,
+event time i (increasing, so no bid is late). Auction a: seller a % 50, category a % 10. Output records:
 {"auction", "window", "bids", "category", "seller"}.
 
 Parameters: bids (default 200,000), auctions (1,000), window (1,000 time units), output.

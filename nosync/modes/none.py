@@ -19,9 +19,7 @@ class NoneHooks(WorkerHooks):
 
     def on_start(self, worker: Any) -> None:
         if worker.attempt > 0:
-            raise RunFailed(
-                f"worker {worker.index} restarted (attempt {worker.attempt}); mode none cannot recover"
-            )
+            raise RunFailed(f"worker {worker.index} restarted (attempt {worker.attempt}); mode none cannot recover")
 
 
 class NoneMode(Mode):

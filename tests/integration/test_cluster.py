@@ -44,8 +44,13 @@ def cluster(tmp_path):
 
     spark_home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(spark_home, "bin", "spark-class")
-    env = dict(os.environ, SPARK_HOME=spark_home, SPARK_LOCAL_IP="127.0.0.1",
-               PYSPARK_PYTHON=sys.executable, SPARK_WORKER_DIR=str(tmp_path / "work"))
+    env = dict(
+        os.environ,
+        SPARK_HOME=spark_home,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_WORKER_DIR=str(tmp_path / "work"),
+    )
     port, ui = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     logs = tmp_path / "logs"
@@ -53,16 +58,38 @@ def cluster(tmp_path):
 
     def start(name: str, *args: str) -> None:
         out = open(logs / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen([spark_class, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [spark_class, *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
 
     try:
-        start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-              "--port", str(port), "--webui-port", str(ui))
+        start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui),
+        )
         wait_for(lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True, 90, "the master")
         for i in range(2):
-            start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--cores", "1", "--memory", "1g",
-                  "--host", "127.0.0.1", "--webui-port", str(free_port()), f"spark://127.0.0.1:{port}")
+            start(
+                f"worker{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--host",
+                "127.0.0.1",
+                "--webui-port",
+                str(free_port()),
+                f"spark://127.0.0.1:{port}",
+            )
 
         def two_alive():
             with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
@@ -90,10 +117,29 @@ def test_wordcount_on_a_standalone_cluster(cluster, tmp_path):
     (text / "b.txt").write_text("\n".join(lines[60:]) + "\n")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "run", os.path.join(ROOT, "experiments", "workloads", "wordcount.py"),
-         "--master", cluster, "--workers", "2", "--run-dir", str(tmp_path / "run"), "--epoch-records", "25",
-         "-p", f"input={text}/*.txt", "-p", f"output={out}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "run",
+            os.path.join(ROOT, "experiments", "workloads", "wordcount.py"),
+            "--master",
+            cluster,
+            "--workers",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--epoch-records",
+            "25",
+            "-p",
+            f"input={text}/*.txt",
+            "-p",
+            f"output={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = collections.Counter()

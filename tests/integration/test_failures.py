@@ -26,12 +26,28 @@ def wait_for(predicate, timeout: float, what: str):
 def test_sigkill_of_a_worker_fails_the_run_in_mode_none(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [*NOSYNC, "run", os.path.join(ROOT, "experiments", "workloads", "keyed_count.py"),
-         "--mode", "none", "--workers", "2", "--run-dir", str(run_dir),
-         "-p", "records=1000000000", "-p", "output=none"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *NOSYNC,
+            "run",
+            os.path.join(ROOT, "experiments", "workloads", "keyed_count.py"),
+            "--mode",
+            "none",
+            "--workers",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            "-p",
+            "records=1000000000",
+            "-p",
+            "output=none",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
+
         def registered():
             path = run_dir / "workers.json"
             if proc.poll() is not None:

@@ -41,8 +41,11 @@ def test_jsonl_bad_records_go_to_the_dead_letter_file(spark, tmp_path, workers):
     totals, bad_offsets = write_events(tmp_path / "events.jsonl", 500, {17, 250})
     kv = tmp_path / "kv"
     result = ns.run(
-        os.path.join(PIPELINES, "jsonl_to_leveldb.py"), workers=workers, spark=spark,
-        run_dir=str(tmp_path / "run"), epoch_records=64,
+        os.path.join(PIPELINES, "jsonl_to_leveldb.py"),
+        workers=workers,
+        spark=spark,
+        run_dir=str(tmp_path / "run"),
+        epoch_records=64,
         params={"input": str(tmp_path / "events.jsonl"), "output": str(tmp_path / "out"), "kv": str(kv)},
     )
     assert ns.sinks.LevelDB(str(kv)).read_committed() == totals
@@ -59,9 +62,16 @@ def test_on_bad_record_fail_names_file_and_position(spark, tmp_path):
     _, bad_offsets = write_events(tmp_path / "events.jsonl", 50, {20})
     with pytest.raises(RunFailed) as e:
         ns.run(
-            os.path.join(PIPELINES, "jsonl_to_leveldb.py"), workers=2, spark=spark,
-            run_dir=str(tmp_path / "run"), on_bad_record="fail",
-            params={"input": str(tmp_path / "events.jsonl"), "output": str(tmp_path / "out"), "kv": str(tmp_path / "kv")},
+            os.path.join(PIPELINES, "jsonl_to_leveldb.py"),
+            workers=2,
+            spark=spark,
+            run_dir=str(tmp_path / "run"),
+            on_bad_record="fail",
+            params={
+                "input": str(tmp_path / "events.jsonl"),
+                "output": str(tmp_path / "out"),
+                "kv": str(tmp_path / "kv"),
+            },
         )
     msg = str(e.value)
     assert "events.jsonl" in msg and str(bad_offsets[0]) in msg, msg
@@ -90,8 +100,14 @@ def test_tcp_source_and_iterate(spark, tmp_path):
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
-        ns.run(os.path.join(PIPELINES, "tcp_collatz.py"), workers=2, spark=spark, run_dir=str(tmp_path / "run"),
-               epoch_records=50, params={"port": str(port), "output": str(tmp_path / "out")})
+        ns.run(
+            os.path.join(PIPELINES, "tcp_collatz.py"),
+            workers=2,
+            spark=spark,
+            run_dir=str(tmp_path / "run"),
+            epoch_records=50,
+            params={"port": str(port), "output": str(tmp_path / "out")},
+        )
     finally:
         server.close()
     got = sorted(tuple(r) for r in ns.sinks.Files(str(tmp_path / "out")).read_committed())

@@ -96,9 +96,7 @@ def test_nexmark_window_join(spark, tmp_path, workers):
     for i in range(bids):
         a = ((i * 2654435761) >> 7) % auctions
         counts[(a, (i // size) * size)] += 1
-    expected = collections.Counter(
-        (a, w, n, a % 10, a % 50) for (a, w), n in counts.items()
-    )
+    expected = collections.Counter((a, w, n, a % 10, a % 50) for (a, w), n in counts.items())
     got = collections.Counter(
         (r["auction"], r["window"], r["bids"], r["category"], r["seller"]) for r in committed_jsonl(str(out))
     )
