@@ -15,8 +15,13 @@ from nosync.pipeline import KEYED_KINDS, Pipeline
 
 @dataclass(frozen=True)
 class Edge:
+    """Input `port` of operator `dst` reads operator `src`. `id` names the edge on the wire and
+    in channel ids, so that the two inputs of a self-join stay apart."""
+
+    id: int
     src: int
     dst: int
+    port: int
     exchange: bool
 
 
@@ -45,10 +50,10 @@ def plan(pipeline: Pipeline, workers: int) -> PhysicalPlan:
     nodes = pipeline.nodes
     edges = []
     for n in nodes:
-        for i in n.inputs:
+        for port, i in enumerate(n.inputs):
             up = nodes[i]
             exchange = n.kind in KEYED_KINDS and up.kind == "key_by" and not n.params.get("loop_internal")
-            edges.append(Edge(i, n.id, exchange))
+            edges.append(Edge(len(edges), i, n.id, port, exchange))
     parts: dict[int, list[list[dict]]] = {}
     for n in nodes:
         if n.kind == "source":

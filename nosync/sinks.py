@@ -102,42 +102,57 @@ class Files(Sink):
                 with open(path, encoding="utf-8") as f:
                     out.extend(json.loads(line) for line in f if line.strip())
             elif name.endswith(".parquet"):
-                import pyarrow.parquet as pq
-
-                rows = pq.read_table(path).to_pylist()
-                for r in rows:
-                    cols = list(r)
-                    if cols == ["value"]:
-                        out.append(r["value"])
-                    elif cols == ["key", "value"]:
-                        out.append([r["key"], r["value"]])
-                    else:
-                        out.append(r)
+                out.extend(_parquet_records(path))
         return out
 
 
+LAYOUT_KEY = b"nosync.layout"
+
+
 def _arrow_table(recs: list) -> Any:
-    """Records as an Arrow table: dicts as rows, (key, value) pairs as two columns, anything
-    else as one column `value`. The layout is chosen by the first record and checked by the
-    conversion itself (a record of another shape falls back to the next layout)."""
+    """Records as an Arrow table, with the layout named in the schema metadata so that
+    `read_committed` gives back what was written: "rows" (dicts as rows), "pairs" ((key, value)
+    as two columns), "values" (one column), "json" (one column of JSON text, for records whose
+    types Arrow cannot put in one column). The layout is chosen by the first record and checked
+    by the conversion itself: a record of another shape falls through to the next layout."""
     import pyarrow as pa
+
+    def tagged(table: Any, layout: str) -> Any:
+        return table.replace_schema_metadata({LAYOUT_KEY: layout.encode()})
 
     first = recs[0]
     if isinstance(first, dict):
         try:
-            return pa.Table.from_pylist(recs)
+            return tagged(pa.Table.from_pylist(recs), "rows")
         except (pa.ArrowException, TypeError, AttributeError):
             pass
     elif isinstance(first, tuple | list) and len(first) == 2:
         try:
             keys, values = zip(*recs, strict=True)
-            return pa.table({"key": pa.array(keys), "value": pa.array(values)})
+            return tagged(pa.table({"key": pa.array(keys), "value": pa.array(values)}), "pairs")
         except (pa.ArrowException, TypeError, ValueError):
             pass
     try:
-        return pa.table({"value": pa.array(recs)})
+        return tagged(pa.table({"value": pa.array(recs)}), "values")
     except (pa.ArrowException, TypeError, ValueError):
-        return pa.table({"value": [json.dumps(r, default=_json_default) for r in recs]})
+        text = [json.dumps(r, default=_json_default, separators=(",", ":")) for r in recs]
+        return tagged(pa.table({"value": pa.array(text, pa.string())}), "json")
+
+
+def _parquet_records(path: str) -> list:
+    """The records of a Parquet part file, as `_arrow_table` laid them out."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    layout = (table.schema.metadata or {}).get(LAYOUT_KEY, b"rows").decode()
+    if layout == "pairs":
+        keys = table.column("key").to_pylist()
+        return [list(kv) for kv in zip(keys, table.column("value").to_pylist(), strict=True)]
+    if layout == "values":
+        return table.column("value").to_pylist()
+    if layout == "json":
+        return [json.loads(t) for t in table.column("value").to_pylist()]
+    return table.to_pylist()
 
 
 class _FilesPart(SinkPart):

@@ -3,8 +3,9 @@
 A source splits itself into partitions (`partitions()`), descriptions small enough to travel in
 a task; partition i is read by worker i % W. A partition is read from an offset (`read(part,
 offset)`) as an iterator of (records, next offset) chunks, so that a reader can resume exactly
-where a checkpoint or a log says: offsets are line numbers for the generator, byte offsets for
-text/JSONL/CSV files, (row group, row) for Parquet. The runtime cuts each partition's records
+where a checkpoint or a log says: offsets are record counts for the generator, byte offsets
+for text/JSONL files, [rows, line of the last bad row] for CSV, rows of the row group for
+Parquet. The runtime cuts each partition's records
 into epochs (by count or interval).
 
 A malformed record raises BadRecord from `read` through `on_bad`: the runtime's policy sends it
@@ -222,28 +223,37 @@ class Files(Source):
             )
             return "skip"
 
-        skip = int(offset or 0)
+        # the offset is [good rows consumed, line of the last bad row reported], so that a
+        # resumed read neither repeats good rows nor reports a bad row twice
+        skip, reported = (int(offset[0]), int(offset[1])) if offset else (0, 0)
         # use_threads=False: only a single-threaded parse knows the line number of a bad row
         reader = pacsv.open_csv(
             path,
             parse_options=pacsv.ParseOptions(invalid_row_handler=invalid),
             read_options=pacsv.ReadOptions(block_size=1 << 20, use_threads=False),
         )
+
+        def report() -> None:
+            nonlocal reported
+            for b in bad_rows:
+                line = b.position["row"] or 0
+                if line > reported:
+                    on_bad(b)
+                    reported = line
+            bad_rows.clear()
+
         row = 0
         for batch in reader:
             recs = batch.to_pylist()
-            for b in bad_rows:
-                on_bad(b)
-            bad_rows.clear()
+            report()
             first = row
             row += len(recs)
             if row <= skip:
                 continue
             if first < skip:
                 recs = recs[skip - first :]
-            yield recs, row
-        for b in bad_rows:  # bad rows of a last block that had no good row
-            on_bad(b)
+            yield recs, [row, reported]
+        report()  # bad rows of a last block that had no good row
 
     def _read_parquet(self, part: dict, offset: Any, chunk: int) -> Iterator[Chunk]:
         import pyarrow.parquet as pq

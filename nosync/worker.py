@@ -339,9 +339,7 @@ class Worker:
                 op = SinkOp(n, n.params["sink"].open_part(self.index, run_id), self.clock)
                 self.sinks.append(op)
             elif n.kind == "join":
-                left = nodes[n.inputs[0]]
                 op = JoinOp(n, set())
-                op.left_src = left.id
             elif n.kind == "iterate":
                 op = IterateOp(n, [])
             else:
@@ -359,19 +357,20 @@ class Worker:
             src, dst = self.by_id[e.src], self.by_id[e.dst]
             if e.dst in loop_nodes and nodes[e.dst].kind == "loop_entry":
                 continue  # the entry of a loop is fed by its iterate operator
+            left = isinstance(dst, JoinOp) and e.port == 0
             if e.exchange:
-                r = Router(self, e.src, dst)
+                r = Router(self, e.id, dst)
                 self.routers.append(r)
                 src.connect(r.push, r.marker, None)
                 for w in range(self.workers):
-                    dst.add_input(("x", e.src, w))
-                    if isinstance(dst, JoinOp) and e.src == dst.left_src:
-                        dst.left_channels.add(("x", e.src, w))
+                    dst.add_input(("x", e.id, w))
+                    if left:
+                        dst.left_channels.add(("x", e.id, w))
             else:
-                chan = ("f", e.src)
+                chan = ("f", e.id)
                 src.connect(dst.push, dst.marker, chan)
                 dst.add_input(chan)
-                if isinstance(dst, JoinOp) and e.src == dst.left_src:
+                if left:
                     dst.left_channels.add(chan)
         for n in nodes:
             if n.kind == "loop_entry":
