@@ -491,28 +491,39 @@ class Worker:
                     kind, j, conn = key.data
                     try:
                         got = conn.receive()
-                    except (FrameError, ConnectionError) as e:
+                        for f in got:
+                            if kind == "ctrl":
+                                self._handle_ctrl(f.body)
+                            elif kind == "in":
+                                self._handle_data(j, f)
+                            elif f.kind == frames.CREDIT:
+                                conn.grant(int(f.header.get("frames", 0)))
+                            else:
+                                raise FrameError(f"unexpected frame kind {f.kind} on the channel to worker {j}")
+                    except FrameError as e:
+                        # never executes or crashes on bad input: the channel goes, the
+                        # coordinator hears why, and the mode decides what becomes of the run
+                        sel.unregister(conn.sock)
+                        conn.close()
+                        if kind == "ctrl":
+                            raise RunFailed(f"malformed frame from the coordinator: {e}") from e
+                        log.error("worker %s closed its channel with worker %s: %s", self.index, j, e)
+                        self._send_ctrl(
+                            {
+                                "type": "error",
+                                "message": f"worker {self.index}: malformed frame from worker {j}, channel closed: {e}",
+                            }
+                        )
+                    except ConnectionError as e:
                         sel.unregister(conn.sock)
                         conn.close()
                         if kind == "ctrl":
                             raise RunFailed(f"lost the coordinator: {e}") from e
-                        if isinstance(e, FrameError):
-                            log.error("closing the channel from worker %s: %s", j, e)
-                            raise RunFailed(f"worker {self.index}: malformed frame from worker {j}: {e}") from e
                         if kind == "in" and self.inc_finished(j):
                             continue
                         if kind == "out" and done_sent:
                             continue
                         raise RunFailed(f"worker {self.index}: channel with worker {j} closed: {e}") from e
-                    for f in got:
-                        if kind == "ctrl":
-                            self._handle_ctrl(f.body)
-                        elif kind == "in":
-                            self._handle_data(j, f)
-                        elif f.kind == frames.CREDIT:
-                            conn.grant(int(f.header.get("frames", 0)))
-                        else:
-                            raise RunFailed(f"worker {self.index}: unexpected frame kind {f.kind} from worker {j}")
                 if busy:
                     for s in list(active_sources):
                         if not s.poll():
