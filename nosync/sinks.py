@@ -35,10 +35,20 @@ class Sink:
 
 
 class SinkPart:
-    """One worker's writer: write() stages, commit(epoch) publishes, close() ends."""
+    """One worker's writer: write() stages, commit(epoch) publishes, close() ends.
+
+    The base stages records per epoch in memory; `take(epoch)` hands a commit the staged
+    epochs up to `epoch`, oldest first."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, list] = {}
 
     def write(self, epoch: int, records: list) -> None:
-        raise NotImplementedError
+        self.pending.setdefault(epoch, []).extend(records)
+
+    def take(self, epoch: int) -> list[tuple[int, list]]:
+        due = sorted(e for e in self.pending if e <= epoch)
+        return [(e, self.pending.pop(e)) for e in due]
 
     def commit(self, epoch: int) -> int:
         """Publishes everything staged for epochs <= `epoch`; returns how many records."""
@@ -46,6 +56,7 @@ class SinkPart:
 
     def abort(self) -> None:
         """Drops what is staged and not committed."""
+        self.pending.clear()
 
     def close(self) -> None:
         pass
@@ -157,23 +168,19 @@ def _parquet_records(path: str) -> list:
 
 class _FilesPart(SinkPart):
     def __init__(self, directory: str, fmt: str, worker: int) -> None:
+        super().__init__()
         self.dir = directory
         self.staging = os.path.join(directory, "_staging")
         os.makedirs(self.staging, exist_ok=True)
         self.fmt = fmt
         self.worker = worker
-        self.pending: dict[int, list] = {}
 
     def _name(self, epoch: int) -> str:
         return f"part-{epoch:010d}-w{self.worker:04d}.{self.fmt}"
 
-    def write(self, epoch: int, records: list) -> None:
-        self.pending.setdefault(epoch, []).extend(records)
-
     def commit(self, epoch: int) -> int:
         n = 0
-        for e in sorted(e for e in self.pending if e <= epoch):
-            recs = self.pending.pop(e)
+        for e, recs in self.take(epoch):
             if not recs:
                 continue
             staged = os.path.join(self.staging, self._name(e) + ".tmp")
@@ -190,10 +197,6 @@ class _FilesPart(SinkPart):
             os.replace(staged, os.path.join(self.dir, self._name(e)))
             n += len(recs)
         return n
-
-    def abort(self) -> None:
-        self.pending.clear()
-
 
 class LevelDB(Sink):
     """A key-value sink: records are (key, value) pairs, upserted at commit; keys and values
@@ -235,20 +238,17 @@ class _LevelDBPart(SinkPart):
     def __init__(self, path: str) -> None:
         import plyvel
 
+        super().__init__()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.db = plyvel.DB(path, create_if_missing=True)
-        self.pending: dict[int, list] = {}
-
-    def write(self, epoch: int, records: list) -> None:
-        self.pending.setdefault(epoch, []).extend(records)
 
     def commit(self, epoch: int) -> int:
         import msgpack
 
         n = 0
         wb = self.db.write_batch(sync=True)
-        for e in sorted(e for e in self.pending if e <= epoch):
-            for rec in self.pending.pop(e):
+        for _, recs in self.take(epoch):
+            for rec in recs:
                 try:
                     k, v = rec
                 except (TypeError, ValueError):
@@ -257,9 +257,6 @@ class _LevelDBPart(SinkPart):
                 n += 1
         wb.write()
         return n
-
-    def abort(self) -> None:
-        self.pending.clear()
 
     def close(self) -> None:
         self.db.close()
@@ -282,16 +279,12 @@ class Console(Sink):
 
 class _ConsolePart(SinkPart):
     def __init__(self, worker: int) -> None:
+        super().__init__()
         self.worker = worker
-        self.pending: dict[int, list] = {}
-
-    def write(self, epoch: int, records: list) -> None:
-        self.pending.setdefault(epoch, []).extend(records)
 
     def commit(self, epoch: int) -> int:
         n = 0
-        for e in sorted(e for e in self.pending if e <= epoch):
-            recs = self.pending.pop(e)
+        for e, recs in self.take(epoch):
             sys.stdout.write("".join(f"[w{self.worker} e{e}] {r!r}\n" for r in recs))
             n += len(recs)
         sys.stdout.flush()
@@ -306,14 +299,10 @@ class Null(Sink):
 
 
 class _NullPart(SinkPart):
-    def __init__(self) -> None:
-        self.pending: dict[int, int] = {}
+    """Stages only a count per epoch."""
 
     def write(self, epoch: int, records: list) -> None:
         self.pending[epoch] = self.pending.get(epoch, 0) + len(records)
 
     def commit(self, epoch: int) -> int:
-        n = 0
-        for e in [e for e in self.pending if e <= epoch]:
-            n += self.pending.pop(e)
-        return n
+        return sum(n for _, n in self.take(epoch))
