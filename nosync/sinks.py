@@ -5,8 +5,9 @@ visible only at `commit(epoch)`, which the fault-tolerance mode calls when the e
 (mode none: when every input of the sink has finished the epoch; abs: a completed checkpoint;
 nosync: a safe point):
 
-- Files: one staged file per (epoch, worker) under `<dir>/_staging/`, renamed into `<dir>/` at
-  commit (atomic on a POSIX file system); a re-run of a committed epoch replaces the same name.
+- Files: one staged file per (epoch, worker) under `<dir>/_staging/`, fsynced, renamed into
+  `<dir>/` at commit (atomic on a POSIX file system), then the directory is fsynced; a re-run
+  of a committed epoch replaces the same name.
 - LevelDB: a key-value sink of (key, value) records; the epoch's upserts go in one write batch
   at commit (idempotent: a replayed epoch writes the same values). One LevelDB per worker
   (`<dir>/part-W`), since LevelDB allows one process per database.
@@ -166,6 +167,14 @@ def _parquet_records(path: str) -> list:
     return table.to_pylist()
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class _FilesPart(SinkPart):
     def __init__(self, directory: str, fmt: str, worker: int) -> None:
         super().__init__()
@@ -193,9 +202,14 @@ class _FilesPart(SinkPart):
             else:
                 import pyarrow.parquet as pq
 
-                pq.write_table(_arrow_table(recs), staged)
+                with open(staged, "wb") as f:
+                    pq.write_table(_arrow_table(recs), f)
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(staged, os.path.join(self.dir, self._name(e)))
             n += len(recs)
+        if n:
+            _fsync_dir(self.dir)
         return n
 
 class LevelDB(Sink):
