@@ -502,6 +502,10 @@ class Store:
                 self._logged = min(self._logged, to_seq)
                 self._durable_disk = min(self._durable_disk, to_seq)
                 self._durable_remote = self.remote.durable()
+                # A seal requested for a seq above to_seq would otherwise outrank (by max)
+                # every later flush("remote") below it, which then waits for seal_interval_s.
+                p = self._persister
+                p._seal_target = min(p._seal_target, to_seq)
                 self._gen += 1
                 self._publish_locked()
                 self._cond.notify_all()
