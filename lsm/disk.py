@@ -87,7 +87,7 @@ class DiskTier:
                 inv = _SEQ.pack(_INV - seq)
                 for k, v in unpack(packed):
                     if type(k) is bytes:
-                        ek = b"\x06" + k.replace(b"\x00", b"\x00\xff") + b"\x00"
+                        ek = b"\x06" + k.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
                     else:
                         ek = encode_key(k)
                     put(ek + inv, b"" if v is tomb else pack(v))

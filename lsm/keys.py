@@ -11,7 +11,9 @@ one key in memory and three on disk. `encode_key` maps it to bytes such that
 - a str/bytes prefix or a tuple prefix is a byte prefix of the encoding (`encode_prefix`),
   which is what `scan(prefix=...)` seeks to.
 
-Strings and bytes are escaped (0x00 -> 0x00 0xFF) and end in 0x00; tuples end in 0x00, which
+Strings and bytes are escaped (0x00 -> 0x00 0xFF) and end in 0x00 0x01, so that after a 0x00
+comes 0xFF (more of the string) or 0x01 (its end), never the first byte of an inverted seq
+(which may be 0xFF: a bare 0x00 end would make "a" a prefix of "a" + NUL); tuples end in 0x00, which
 no element's type byte can be. The byte layout is written down in FORMAT.md.
 """
 
@@ -39,9 +41,9 @@ def encode_key(key: object) -> bytes:
     """The order-preserving, prefix-free encoding of `key`."""
     t = type(key)
     if t is bytes:
-        return b"\x06" + key.replace(b"\x00", b"\x00\xff") + b"\x00"
+        return b"\x06" + key.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
     if t is str:
-        return b"\x07" + key.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00"
+        return b"\x07" + key.encode("utf-8", "surrogatepass").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
     if t is int:
         if -_INT_BIAS <= key < _INT_BIAS:
             return b"\x04" + _U64.pack(key + _INT_BIAS)
@@ -57,7 +59,6 @@ def encode_key(key: object) -> bytes:
     )
 
 
-_OPEN_ENDED = (bytes, str, tuple, list)
 KEY_TYPES = frozenset((bytes, str, int, type(None)))
 
 
@@ -84,7 +85,10 @@ def encode_prefix(prefix: object) -> bytes:
     tuples whose first elements equal it; any other value matches only itself.
     """
     enc = encode_key(prefix)
-    if type(prefix) in _OPEN_ENDED:
+    t = type(prefix)
+    if t is bytes or t is str:
+        return enc[:-2]
+    if t is tuple or t is list:
         return enc[:-1]
     return enc
 
@@ -98,12 +102,15 @@ def decode_key(buf: bytes, pos: int = 0) -> tuple[object, int]:
         while True:
             end = buf.index(b"\x00", pos)
             out += buf[pos:end]
-            if end + 1 < len(buf) and buf[end + 1] == 0xFF:
+            nxt = buf[end + 1] if end + 1 < len(buf) else -1
+            if nxt == 0xFF:
                 out += b"\x00"
                 pos = end + 2
-            else:
-                pos = end + 1
+            elif nxt == 0x01:
+                pos = end + 2
                 break
+            else:
+                raise KeyEncodingError(f"bad string terminator at offset {end}")
         raw = bytes(out)
         return (raw if t == T_BYTES else raw.decode("utf-8", "surrogatepass")), pos
     if t == T_INT:

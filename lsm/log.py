@@ -196,12 +196,15 @@ class Log:
         if not self.segments or self.segments[-1].last <= seq:
             return
         seg = self.segments[-1]
-        end = next((r.offset for r in self.read(seg) if r.seq > seq), None)
-        if end is None:
-            # open() bounds the last seq of a segment it did not read by the next segment's
-            # first: nothing above `seq` is in it.
-            seg.last = seq
+        records = self.read(seg)
+        kept = [r for r in records if r.seq <= seq]
+        # the segment's last is what it holds, not the rollback target: open() may have only
+        # bounded it by the next segment's first, and a target without a record of its own
+        # must not look logged
+        seg.last = kept[-1].seq if kept else seg.first - 1
+        if len(kept) == len(records):
             return
+        end = records[len(kept)].offset
         fd = os.open(seg.path, os.O_WRONLY)
         try:
             files.truncate(fd, end)
@@ -209,7 +212,6 @@ class Log:
         finally:
             os.close(fd)
         seg.size = end
-        seg.last = seq
         if not seg.sealed:
             self._close_fd()
             seg.sealed = True

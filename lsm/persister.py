@@ -58,7 +58,7 @@ class Persister(threading.Thread):
             try:
                 with s._tier_lock:
                     level = self._step()
-            except (OSError, LsmError) as e:
+            except Exception as e:  # noqa: BLE001 - the thread must not die: the error surfaces to callers
                 self._fail(level, e)
                 continue
             if s._error is not None:
@@ -125,7 +125,7 @@ class Persister(threading.Thread):
         if self._upload_due():
             try:
                 self._upload()
-            except (OSError, LsmError) as e:
+            except Exception as e:  # noqa: BLE001
                 # The caller cannot see this step's return value: name the level here.
                 raise PersistError("remote", s.path, e) from e
             return "remote"

@@ -113,7 +113,7 @@ class RemoteTier:
     def upload(self, start: int, records: list[Record]) -> RemoteFile:
         """Writes one log segment covering seqs [start, last record's seq].
 
-        REQUIRES: `records` sorted by seq, all >= start; start == durable() + 1.
+        REQUIRES: `records` sorted by seq, all >= start.
         """
         payloads = [SEQ.pack(r.seq) + r.packed for r in records]
         table = pa.table(
@@ -124,9 +124,10 @@ class RemoteTier:
             },
             schema=LOG_SCHEMA,
         )
-        name = f"log-{start:020d}-{records[-1].seq:020d}.arrow"
+        end = records[-1].seq
+        name = f"log-{start:020d}-{end:020d}.arrow"
         write_table(self.fs, self._path(name), table)
-        f = RemoteFile(name, start, records[-1].seq, False)
+        f = RemoteFile(name, start, end, False)
         self.files = sorted([*self.files, f], key=lambda x: (x.last, not x.base))
         return f
 
@@ -181,9 +182,18 @@ class RemoteTier:
         self.files = [x for x in self.files if x.name != f.name]
 
     def drop_after(self, seq: int) -> list[RemoteFile]:
-        """Deletes the log segments holding any seq above `seq` (rollback); returns them."""
+        """Removes every batch above `seq` (rollback); returns the segments deleted.
+
+        A segment that also holds batches at or below `seq` is first rewritten without the
+        others (covering [its start, its last kept batch]): the local log may no longer have
+        them. The tier then claims no seq it holds no batch for.
+        """
         gone = [f for f in self.files if not f.base and f.last > seq]
         for f in gone:
+            if f.first <= seq:
+                kept = [r for r in self.read_log(f) if r.seq <= seq]
+                if kept:
+                    self.upload(f.first, kept)
             self.delete(f)
         return gone
 

@@ -216,11 +216,12 @@ class Store:
         written back to the local log and replayed, so nothing durable is lost."""
         if self.remote.durable() <= seq:
             return []
-        out: list[Record] = []
+        by_seq: dict[int, Record] = {}
         for f in self.remote.files:
             if not f.base and f.last > seq:
-                out.extend(r for r in self.remote.read_log(f) if r.seq > seq)
-        out.sort(key=lambda r: r.seq)
+                # segments may overlap (a rollback rewrote one and crashed before deleting it)
+                by_seq.update((r.seq, r) for r in self.remote.read_log(f) if r.seq > seq)
+        out = [by_seq[s] for s in sorted(by_seq)]
         if out:
             self._log.seal()
             self._log.append([(r.seq, r.packed) for r in out])
@@ -499,8 +500,27 @@ class Store:
             self.remote.drop_after(to_seq)
             self._log.truncate_after(to_seq)
             with self._cond:
-                self._logged = min(self._logged, to_seq)
+                logged = self._log.last_seq
+                self._logged = min(self._logged, logged)
                 self._durable_disk = min(self._durable_disk, to_seq)
+                mems = [self._active, *self._frozen]
+                if to_seq >= 0 and logged != to_seq and not any(m.batches and m.last == to_seq for m in mems):
+                    # No batch carries to_seq: an empty one does (it changes no key), so that
+                    # last_seq == to_seq is logged, uploaded and survives a crash like any append.
+                    empty = self._packer.pack([])
+                    if any(m.batches and m.last > self._logged for m in mems):
+                        # earlier batches still wait for the log: this one goes after them
+                        self._durable_disk = min(self._durable_disk, max(logged, self._disk.applied))
+                        self._active.add(to_seq, empty, 0)
+                    else:
+                        self._log.append([(to_seq, empty)])
+                        self._logged = to_seq
+                        self._durable_disk = to_seq
+                        # logged, and queued for indexing like any frozen memtable, so that the
+                        # disk tier's applied point (and so compaction) reaches to_seq too
+                        m = Memtable()
+                        m.add(to_seq, empty, 0)
+                        self._frozen.append(m)
                 self._durable_remote = self.remote.durable()
                 # A seal requested for a seq above to_seq would otherwise outrank (by max)
                 # every later flush("remote") below it, which then waits for seal_interval_s.
