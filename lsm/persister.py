@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from lsm.compaction import Compactor
-from lsm.errors import LsmError, PersistError
+from lsm.errors import PersistError
 
 if TYPE_CHECKING:
     from lsm.store import Store
