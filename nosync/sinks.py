@@ -21,6 +21,7 @@ import os
 import sys
 from typing import Any
 
+from lsm.files import fsync_dir
 from nosync.errors import PipelineError
 from nosync.pipeline import _declared_at
 
@@ -167,14 +168,6 @@ def _parquet_records(path: str) -> list:
     return table.to_pylist()
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class _FilesPart(SinkPart):
     def __init__(self, directory: str, fmt: str, worker: int) -> None:
         super().__init__()
@@ -209,7 +202,7 @@ class _FilesPart(SinkPart):
             os.replace(staged, os.path.join(self.dir, self._name(e)))
             n += len(recs)
         if n:
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         return n
 
 class LevelDB(Sink):
