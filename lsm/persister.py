@@ -177,11 +177,21 @@ class Persister(threading.Thread):
         records = []
         for seg in log.segments:
             if seg.sealed and seg.last > start:
-                records.extend(r for r in log.read(seg) if r.seq > start)
+                got = log.read(seg)
+                # a sealed segment holds what it holds: a bound open() estimated is made exact,
+                # so that a segment never looks like it has something left to upload
+                seg.last = got[-1].seq if got else seg.first - 1
+                records.extend(r for r in got if r.seq > start)
         if records:
             s.remote.upload(start + 1, records)
         with s._cond:
             s._durable_remote = s.remote.durable()
+            cur = log.segments[-1] if log.segments else None
+            if cur is None or cur.sealed or cur.last < cur.first:
+                # Every batch the log holds up to _logged is now remote, and batches above the
+                # remote tier's top are always still in the log (it is trimmed only below
+                # that top): seqs up to _logged without a batch need no upload.
+                s._durable_remote = max(s._durable_remote, s._logged)
             s.stats.uploaded_bytes += sum(len(r.packed) for r in records)
             s._cond.notify_all()
         log.drop_through(min(s._durable_remote, s._disk.horizon, s._disk.applied))
