@@ -128,7 +128,7 @@ class RemoteTier:
         name = f"log-{start:020d}-{end:020d}.arrow"
         write_table(self.fs, self._path(name), table)
         f = RemoteFile(name, start, end, False)
-        self.files = sorted([*self.files, f], key=lambda x: (x.last, not x.base))
+        self._add(f)
         return f
 
     def _read_table(self, f: RemoteFile, kind: bytes) -> pa.Table:
@@ -170,12 +170,16 @@ class RemoteTier:
         name = f"base-{seq:020d}.arrow"
         write_table(self.fs, self._path(name), table)
         f = RemoteFile(name, -1, seq, True)
-        self.files = sorted([*self.files, f], key=lambda x: (x.last, not x.base))
+        self._add(f)
         return f
 
     def read_base(self, f: RemoteFile) -> tuple[list[bytes], list[bytes]]:
         table = self._read_table(f, b"base")
         return table.column("key").to_pylist(), table.column("value").to_pylist()
+
+    def _add(self, f: RemoteFile) -> None:
+        """Lists a file just written; a rewrite of the same name replaces its entry."""
+        self.files = sorted([*(x for x in self.files if x.name != f.name), f], key=lambda x: (x.last, not x.base))
 
     def delete(self, f: RemoteFile) -> None:
         self.fs.delete_file(self._path(f.name))
