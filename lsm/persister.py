@@ -186,12 +186,6 @@ class Persister(threading.Thread):
             s.remote.upload(start + 1, records)
         with s._cond:
             s._durable_remote = s.remote.durable()
-            cur = log.segments[-1] if log.segments else None
-            if cur is None or cur.sealed or cur.last < cur.first:
-                # Every batch the log holds up to _logged is now remote, and batches above the
-                # remote tier's top are always still in the log (it is trimmed only below
-                # that top): seqs up to _logged without a batch need no upload.
-                s._durable_remote = max(s._durable_remote, s._logged)
             s.stats.uploaded_bytes += sum(len(r.packed) for r in records)
             s._cond.notify_all()
         log.drop_through(min(s._durable_remote, s._disk.horizon, s._disk.applied))
