@@ -437,3 +437,14 @@ TestStoreModel.settings = settings(
     report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+@pytest.mark.soak
+def test_store_model_soak():
+    """The same state machine, ten times longer (`make soak`; not part of `make test`)."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(
+        StoreMachine,
+        settings=settings(TestStoreModel.settings, max_examples=2000, stateful_step_count=80),
+    )
