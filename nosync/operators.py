@@ -150,6 +150,11 @@ class KeyedOp(Op):
         self.track_dirty = False
         self.dirty: set = set()
 
+    def push(self, records: list, epoch: int, channel: Any) -> None:
+        super().push(records, epoch, channel)
+        if self.track_dirty:
+            self.dirty.update(k for k, _ in records)
+
     def metrics(self) -> dict:
         m = super().metrics()
         m["keys"] = len(self.state)
@@ -169,8 +174,6 @@ class ReduceOp(KeyedOp):
             acc = v if acc is missing else fn(acc, v)
             state[k] = acc
             append((k, acc))
-        if self.track_dirty:
-            self.dirty.update(k for k, _ in records)
         return out
 
 
@@ -190,8 +193,6 @@ class AggregateOp(KeyedOp):
             acc = add(acc, v)
             state[k] = acc
             append((k, acc))
-        if self.track_dirty:
-            self.dirty.update(k for k, _ in records)
         return out
 
 
@@ -208,8 +209,6 @@ class StatefulMapOp(KeyedOp):
             else:
                 state[k] = new
             ext(outputs)
-        if self.track_dirty:
-            self.dirty.update(k for k, _ in records)
         return out
 
 
@@ -244,8 +243,6 @@ class WindowOp(KeyedOp):
             acc = wins.get(start, _MISSING)
             wins[start] = add(init() if acc is _MISSING else acc, v)
         self.seen_max[channel] = top
-        if self.track_dirty:
-            self.dirty.update(k for k, _ in records)
         return None
 
     def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
@@ -309,8 +306,6 @@ class JoinOp(KeyedOp):
             else:
                 sides[1].append(v)
                 out.extend((k, (lv, v)) for lv in sides[0])
-        if self.track_dirty:
-            self.dirty.update(k for k, _ in records)
         return out
 
 
