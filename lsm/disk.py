@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import plyvel
 
 from lsm.codec import TOMBSTONE, make_packer, unpack, unpack_value
-from lsm.keys import encode_key, split_mvcc_key
+from lsm.keys import encode_key, mvcc_key, split_mvcc_key
 from lsm.memtable import MISSING
 from lsm.records import Record
 
@@ -190,6 +190,17 @@ class DiskTier:
         self._writer.shutdown(wait=True)
         if not self.db.closed:
             self.db.close()
+
+    def load_image(self, seq: int, keys: list[bytes], values: list[bytes]) -> None:
+        """Fills an empty tier with a base image: every key's value as a version at `seq`,
+        which becomes both the applied point and the horizon (nothing older is known)."""
+        wb = self.db.write_batch(sync=True)
+        for k, v in zip(keys, values, strict=True):
+            wb.put(mvcc_key(k, seq), v)
+        wb.put(META_APPLIED, _meta_bytes(seq))
+        wb.put(META_HORIZON, _meta_bytes(seq))
+        wb.write()
+        self.applied = self.horizon = seq
 
     def image(self, seq: int) -> tuple[list[bytes], list[bytes]]:
         """Encoded keys and packed values of every live key as of `seq` (for a base image)."""

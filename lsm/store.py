@@ -166,6 +166,7 @@ class Store:
 
     def _open(self, remote: str | None) -> None:
         manifest = read_manifest(self.path)
+        created = manifest is None
         if manifest is None:
             manifest = Manifest.new(remote or DEFAULT_REMOTE)
         elif remote is not None and remote != manifest.remote:
@@ -176,7 +177,8 @@ class Store:
             os.path.join(self.path, "remote") if manifest.remote == DEFAULT_REMOTE else manifest.remote
         )
         fresh = not os.path.exists(os.path.join(self.path, "disk"))
-        write_manifest(self.path, manifest)
+        if created:
+            write_manifest(self.path, manifest)
         self.manifest = manifest
         self._disk = DiskTier(os.path.join(self.path, "disk"))
         self._log = Log(os.path.join(self.path, "log"), self.options.segment_bytes)
@@ -233,16 +235,7 @@ class Store:
         base = self.remote.base
         if base is not None:
             keys, values = self.remote.read_base(base)
-            from lsm.disk import META_APPLIED, META_HORIZON, _meta_bytes
-            from lsm.keys import mvcc_key
-
-            wb = self._disk.db.write_batch(sync=True)
-            for k, v in zip(keys, values, strict=True):
-                wb.put(mvcc_key(k, base.last), v)
-            wb.put(META_APPLIED, _meta_bytes(base.last))
-            wb.put(META_HORIZON, _meta_bytes(base.last))
-            wb.write()
-            self._disk.applied = self._disk.horizon = base.last
+            self._disk.load_image(base.last, keys, values)
 
     # -- writing ------------------------------------------------------------------
 
