@@ -379,6 +379,29 @@ def test_rollback_restores_the_state_and_frees_later_seqs(open_store: OpenStore,
         assert dict(s.scan(as_of=seq)) == state_of(expected, seq)
 
 
+def test_rollback_after_reopen_into_a_gap_before_the_last_segment(open_store: OpenStore) -> None:
+    """A reopened store knows an unread segment's last seq only as a bound (the next segment's
+    first - 1); rolling back into that gap must still log a batch at the target, so that a
+    flush to the remote tier can reach it."""
+    s = open_store()
+    s.append(2, [("a", 2)])
+    s.append(5, [("b", 5)])
+    s.flush("remote", timeout=TIMEOUT_S)
+    s.append(8, [("a", 8)])
+    s.compact()  # everything indexed and uploaded; 8 starts a new log segment
+    s.close()
+    s = open_store()
+    s.rollback(7)
+    assert s.last_seq == 7
+    assert dict(s.scan()) == {"a": 2, "b": 5}
+    assert s.flush("remote", timeout=TIMEOUT_S) == 7
+    assert s.durable("remote") >= 7
+    s.close()
+    s = open_store()
+    assert s.last_seq == 7
+    assert dict(s.scan()) == {"a": 2, "b": 5}
+
+
 @pytest.mark.parametrize("flushed", [False, True])
 def test_rollback_to_a_seq_without_a_batch_becomes_durable(open_store: OpenStore, flushed: bool) -> None:
     """rollback(to_seq) makes last_seq == to_seq; flushing must then reach to_seq on every
