@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from cli.bench import bench
+from cli.chaos import chaos_cmd
 from cli.demo import demo
 from cli.run import run_cmd
 
@@ -15,6 +16,7 @@ def main() -> None:
 
 
 main.add_command(bench)
+main.add_command(chaos_cmd)
 main.add_command(demo)
 main.add_command(run_cmd)
 

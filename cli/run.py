@@ -28,9 +28,50 @@ from cli.common import parse_params
 @click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True)
 @click.option("--on-bad-record", type=click.Choice(["deadletter", "fail"]), default="deadletter", show_default=True)
+@click.option(
+    "--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True, help="abs: checkpoint interval."
+)
+@click.option(
+    "--checkpoint-tier",
+    type=click.Choice(["disk", "remote"]),
+    default="disk",
+    show_default=True,
+    help="abs: where a snapshot must be durable before it is acknowledged.",
+)
+@click.option("--max-concurrent-checkpoints", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--checkpoint-timeout-ms",
+    type=click.IntRange(min=1),
+    default=60_000,
+    show_default=True,
+    help="abs: a checkpoint not complete by then is aborted.",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Recoveries a run survives before it fails (default: unlimited).",
+)
+@click.option("--resume", is_flag=True, help="Continue the run in --run-dir from its last completed checkpoint.")
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")
 def run_cmd(
-    pipeline_file, mode, workers, master, run_dir, epoch_records, epoch_ms, batch_size, linger_ms, on_bad_record, params
+    pipeline_file,
+    mode,
+    workers,
+    master,
+    run_dir,
+    epoch_records,
+    epoch_ms,
+    batch_size,
+    linger_ms,
+    on_bad_record,
+    checkpoint_ms,
+    checkpoint_tier,
+    max_concurrent_checkpoints,
+    checkpoint_timeout_ms,
+    max_restarts,
+    resume,
+    params,
 ) -> None:
     """Run PIPELINE_FILE (a Python file defining `pipeline` or `build(args)`)."""
     from nosync.errors import NosyncError, PipelineError, RunFailed
@@ -38,6 +79,8 @@ def run_cmd(
 
     if epoch_records and epoch_ms:
         raise click.UsageError("give --epoch-records or --epoch-ms, not both")
+    if resume and not run_dir:
+        raise click.UsageError("--resume needs --run-dir: the run directory to continue")
     args = parse_params(params)
     tty = sys.stdout.isatty()
     last = [0.0, 0]
@@ -69,6 +112,12 @@ def run_cmd(
             linger_ms=linger_ms,
             on_bad_record=on_bad_record,
             progress=progress,
+            checkpoint_ms=checkpoint_ms,
+            checkpoint_tier=checkpoint_tier,
+            max_concurrent_checkpoints=max_concurrent_checkpoints,
+            checkpoint_timeout_ms=checkpoint_timeout_ms,
+            max_restarts=max_restarts,
+            resume=resume,
         )
     except PipelineError as e:
         if tty:
@@ -96,8 +145,23 @@ def run_cmd(
         ("start-up", f"{s['startup_s']:.1f} s"),
         ("latency p50 / p99", f"{_ms(s['latency_p50_ms'])} / {_ms(s['latency_p99_ms'])}"),
         ("dead letters", s["dead_letters"]),
-        ("run directory", result.run_dir),
     ]
+    if "checkpoints_completed" in s:
+        rows += [
+            ("checkpoints", f"{s['checkpoints_completed']} completed, {s['checkpoints_aborted']} aborted"),
+            ("checkpoint p50 / p99", f"{_ms(s['checkpoint_ms_p50'])} / {_ms(s['checkpoint_ms_p99'])}"),
+            ("alignment (max stall)", _ms(s["stall_ms_max"])),
+            ("bytes persisted", f"{s['checkpoint_bytes']:,}"),
+        ]
+    for i, r in enumerate(s.get("recoveries") or []):
+        rows.append(
+            (
+                f"recovery {i + 1}",
+                f"worker {r['worker']}: restored checkpoint {r.get('checkpoint')} in {r.get('restore_s', 0):.2f} s, "
+                f"{r.get('records_reprocessed', 0):,} records reprocessed",
+            )
+        )
+    rows.append(("run directory", result.run_dir))
     width = max(len(a) for a, _ in rows)
     click.echo("\n".join(f"{a:<{width}}  {b}" for a, b in rows))
 

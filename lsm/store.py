@@ -408,6 +408,13 @@ class Store:
         Returns the seq made durable. Raises PersistError if the persister fails meanwhile (it
         keeps retrying; a later flush succeeds once the fault clears).
         """
+        target = self.persist(level)
+        self._wait_durable(level, target, timeout)
+        return target
+
+    def persist(self, level: str = "disk") -> int:
+        """Starts making everything appended so far durable on `level`, without waiting:
+        the caller polls `durable(level)`. Returns the seq it will reach."""
         self.durable(level)
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
@@ -417,7 +424,6 @@ class Store:
             if level == "remote":
                 self._persister.request_seal(target)
             self._cond.notify_all()
-        self._wait_durable(level, target, timeout)
         return target
 
     def _fails_level(self, level: str) -> bool:

@@ -1,16 +1,23 @@
 """The coordinator: the driver's side of a run.
 
 It listens on one TCP port; every worker connects to it first (authenticated like every
-channel), registers with its data address, and gets all peers' addresses once W workers have
-registered. It then watches: a worker whose control connection drops or whose heartbeats stop
-for HEARTBEAT_TIMEOUT_S is lost, and the mode decides what that means (mode none: the run
-fails). When every worker reports done, it tells them all to finish. Connections that fail the
-handshake are closed and logged; they never reach the run.
+channel) and registers with its data address. Membership comes in generations: once all W
+workers have registered for the current generation, each gets every peer's address (and what
+the mode adds: which checkpoint to restore), connects to them, and reports ready. The
+coordinator then watches: a worker whose control connection drops or whose heartbeats stop for
+HEARTBEAT_TIMEOUT_S is lost, and the mode decides what that means (mode none: the run fails;
+abs: `regroup`, a new generation that every worker joins after dropping its data connections,
+with Spark's retry of the lost task among them). When every worker reports done in the current
+generation, it tells them all to finish. Connections that fail the handshake are closed and
+logged; they never reach the run. What happens to the run (generations, checkpoints, losses)
+is appended to `events.jsonl` in the run directory as it happens.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -26,25 +33,45 @@ HEARTBEAT_TIMEOUT_S = 5.0
 
 
 class Coordinator:
-    def __init__(self, workers: int, secret: bytes, mode: Any, run_id: str, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        workers: int,
+        secret: bytes,
+        mode: Any,
+        run_id: str,
+        host: str = "127.0.0.1",
+        run_dir: str | None = None,
+        max_restarts: int | None = None,
+    ) -> None:
         self.workers = workers
         self.secret = secret
         self.mode = mode
         self.run_id = run_id
+        self.run_dir = run_dir
+        self.max_restarts = max_restarts
         self.listener = channels.listen(host, 0)
         self.address = (host, self.listener.getsockname()[1])
         self.conns: dict[int, channels.Connection] = {}
-        self.addresses: dict[int, list] = {}
         self.attempts: dict[int, int] = {}
         self.pids: dict[int, int] = {}
         self.last_beat: dict[int, float] = {}
         self.counters: dict[int, dict] = {}
         self.done: dict[int, dict] = {}
+        self.gen = 0
+        self.members: dict[int, list] = {}
+        self.ready: set[int] = set()
+        self.peers_sent = -1
+        self.regroups = 0
+        self.events: list[dict] = []
         self.refused = 0
         self.failure: str | None = None
         self.finished = False
         self.started_at = time.time()
         self.first_record_at: float | None = None
+        self._events_file = None
+        if run_dir is not None:
+            os.makedirs(run_dir, exist_ok=True)
+            self._events_file = open(os.path.join(run_dir, "events.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._sel = selectors.DefaultSelector()
@@ -53,13 +80,14 @@ class Coordinator:
         self._thread = threading.Thread(target=self._loop, name="nosync-coordinator", daemon=True)
         self._thread.start()
 
-    # -- API for the runner ----------------------------------------------------------
+    # -- API for the runner and the mode ----------------------------------------------
 
     def fail(self, reason: str) -> None:
         with self._changed:
             if self.failure is None and not self.finished:
                 self.failure = reason
                 log.info("run failed: %s", reason)
+                self.event("failed", reason=reason)
             self._changed.notify_all()
         for c in list(self.conns.values()):
             try:
@@ -74,11 +102,54 @@ class Coordinator:
             self._changed.wait_for(lambda: self.finished or self.failure is not None, timeout)
             return self.finished or self.failure is not None
 
+    def event(self, kind: str, **fields: Any) -> dict:
+        """Records what happened to the run (kept, and appended to events.jsonl)."""
+        ev = {"t": time.time(), "event": kind, "gen": self.gen, **fields}
+        self.events.append(ev)
+        if self._events_file is not None:
+            self._events_file.write(json.dumps(ev, default=str) + "\n")
+            self._events_file.flush()
+        return ev
+
+    def send(self, worker: int, msg: dict) -> None:
+        conn = self.conns.get(worker)
+        if conn is not None and not conn.closed:
+            self._send(conn, msg)
+
+    def broadcast(self, msg: dict) -> None:
+        data = frames.encode(frames.CONTROL, {}, msg)
+        for c in list(self.conns.values()):
+            if not c.closed:
+                c.send(data)
+                try:
+                    c.flush()
+                except OSError:
+                    pass
+
+    def regroup(self, reason: str) -> None:
+        """Starts a new generation: every worker drops its data connections and registers
+        again; the retry of a lost worker joins it. Counted against --max-restarts."""
+        self.regroups += 1
+        if self.max_restarts is not None and self.regroups > self.max_restarts:
+            self.fail(f"{reason}; the run already recovered {self.max_restarts} times (--max-restarts)")
+            return
+        self.gen += 1
+        self.members = {}
+        self.ready = set()
+        self.done = {}
+        self.event("regroup", reason=reason)
+        self.broadcast({"type": "rejoin", "gen": self.gen})
+
+    @property
+    def all_ready(self) -> bool:
+        return len(self.ready) == self.workers
+
     def progress(self) -> dict:
         with self._lock:
             c = list(self.counters.values())
         return {
             "workers": len(self.conns),
+            "gen": self.gen,
             "read": sum(x.get("read", 0) for x in c),
             "committed": sum(x.get("committed", 0) for x in c),
             "frontier": min([x.get("frontier", -1) for x in c] or [-1]) if len(c) == self.workers else -1,
@@ -92,10 +163,15 @@ class Coordinator:
     def close(self) -> None:
         self._stop = True
         self._thread.join(timeout=5)
-        for c in list(self.conns.values()):
-            c.close()
-        self.listener.close()
-        self._sel.close()
+        try:
+            self.mode.close(self)
+        finally:
+            for c in list(self.conns.values()):
+                c.close()
+            self.listener.close()
+            self._sel.close()
+            if self._events_file is not None:
+                self._events_file.close()
 
     # -- the loop ------------------------------------------------------------------
 
@@ -122,7 +198,7 @@ class Coordinator:
     def _loop(self) -> None:
         while not self._stop:
             try:
-                events = self._sel.select(0.1)
+                events = self._sel.select(0.05)
             except (OSError, ValueError):
                 return
             for key, _ in events:
@@ -138,14 +214,29 @@ class Coordinator:
                     self._lost(w, conn, str(e))
                     continue
                 for f in got:
-                    self._handle(w, conn, f.body)
+                    try:
+                        self._handle(w, conn, f.body)
+                    except Exception as e:  # noqa: BLE001 - a bug in a mode must fail the run, not hang it
+                        log.exception("coordinator: handling %s from worker %s", f.body.get("type"), w)
+                        self.fail(f"coordinator error on a message of worker {w}: {type(e).__name__}: {e}")
             now = time.monotonic()
             for w, t in list(self.last_beat.items()):
                 if w not in self.done and now - t > HEARTBEAT_TIMEOUT_S and not self.finished:
-                    self.last_beat.pop(w)
-                    self.mode.on_worker_lost(
-                        self, w, self.attempts.get(w, 0), f"no heartbeat for {HEARTBEAT_TIMEOUT_S}s"
-                    )
+                    conn = self.conns.get(w)
+                    if conn is not None:
+                        # a worker that stopped answering is cut off: it fails its task, and
+                        # Spark's retry joins the next generation
+                        self._sel.unregister(conn.sock)
+                        conn.close()
+                        self._lost(w, conn, f"no heartbeat for {HEARTBEAT_TIMEOUT_S}s")
+                    else:
+                        self.last_beat.pop(w)
+            if not self.finished and self.failure is None:
+                try:
+                    self.mode.tick(self)
+                except Exception as e:  # noqa: BLE001
+                    log.exception("coordinator: mode tick")
+                    self.fail(f"coordinator error in mode {self.mode.name}: {type(e).__name__}: {e}")
             for c in list(self.conns.values()):
                 if c.out_bytes and not c.closed:
                     try:
@@ -158,51 +249,88 @@ class Coordinator:
             return
         del self.conns[w]
         self.last_beat.pop(w, None)
-        if self.finished or w in self.done or self.failure is not None:
+        if self.finished or self.failure is not None:
             return
+        self.event("worker_lost", worker=w, attempt=self.attempts.get(w, 0), reason=reason)
         self.mode.on_worker_lost(self, w, self.attempts.get(w, 0), reason)
 
     def _send(self, conn: channels.Connection, msg: dict) -> None:
         conn.send(frames.encode(frames.CONTROL, {}, msg))
-        conn.flush()
+        try:
+            conn.flush()
+        except OSError:
+            pass
 
     def _handle(self, w: int, conn: channels.Connection, msg: Any) -> None:
         if not isinstance(msg, dict):
             return
         t = msg.get("type")
         if t == "register":
-            attempt = int(msg.get("attempt", 0))
-            self.conns[w] = conn
-            self.attempts[w] = attempt
-            self.addresses[w] = list(msg["addr"])
-            self.pids[w] = int(msg.get("pid", 0))
-            self.last_beat[w] = time.monotonic()
-            self.mode.on_worker_registered(self, w, attempt)
-            if self.failure is not None:
-                self._send(conn, {"type": "abort", "reason": self.failure})
-                return
-            if len(self.addresses) == self.workers and all(x in self.conns for x in range(self.workers)):
-                peers = [self.addresses[i] for i in range(self.workers)]
-                for c in self.conns.values():
-                    self._send(c, {"type": "peers", "addresses": peers})
+            self._register(w, conn, msg)
         elif t == "heartbeat":
             self.last_beat[w] = time.monotonic()
             with self._lock:
                 self.counters[w] = msg
                 if self.first_record_at is None and msg.get("read"):
                     self.first_record_at = time.time()
+        elif t == "ready":
+            if msg.get("gen") == self.gen:
+                self.ready.add(w)
+                self.mode.on_ready(self, w, self.gen)
+                if self.all_ready:
+                    self.event("running")
+        elif t == "mode":
+            self.mode.on_message(self, w, msg)
         elif t == "done":
             self.last_beat[w] = time.monotonic()
+            if msg.get("gen") != self.gen:
+                return
             with self._changed:
                 self.done[w] = msg
                 self.counters[w] = msg["metrics"]
                 if len(self.done) == self.workers:
-                    for c in self.conns.values():
-                        self._send(c, {"type": "finish"})
+                    self.broadcast({"type": "finish"})
                     self.finished = True
+                    self.event("finished")
                     self._changed.notify_all()
         elif t == "error":
             self.fail(f"worker {w}: {msg.get('message')}")
+
+    def _register(self, w: int, conn: channels.Connection, msg: dict) -> None:
+        attempt = int(msg.get("attempt", 0))
+        gen = int(msg.get("gen", -1))
+        prev = self.conns.get(w)
+        if prev is not None and prev is not conn:
+            # a new attempt of a worker whose old connection has not dropped yet: it is gone
+            self._lost(w, prev, f"replaced by attempt {attempt}")
+            prev.close()
+        self.conns[w] = conn
+        new_attempt = attempt != self.attempts.get(w)
+        self.attempts[w] = attempt
+        self.pids[w] = int(msg.get("pid", 0))
+        self.last_beat[w] = time.monotonic()
+        if new_attempt:
+            self.event("registered", worker=w, attempt=attempt, pid=self.pids[w])
+            self.mode.on_worker_registered(self, w, attempt)
+        if self.finished:
+            self._send(conn, {"type": "finish"})
+            return
+        if self.failure is not None:
+            self._send(conn, {"type": "abort", "reason": self.failure})
+            return
+        if gen == -1 or gen == self.gen:
+            self.members[w] = list(msg["addr"])
+        elif gen < self.gen:
+            self._send(conn, {"type": "rejoin", "gen": self.gen})
+            return
+        if len(self.members) == self.workers and all(x in self.conns for x in range(self.workers)):
+            if self.peers_sent == self.gen:
+                return
+            self.peers_sent = self.gen
+            extra = self.mode.on_generation(self, self.gen)
+            peers = [self.members[i] for i in range(self.workers)]
+            self.event("generation", workers=len(peers))
+            self.broadcast({"type": "peers", "gen": self.gen, "addresses": peers, **extra})
 
 
 __all__ = ["Coordinator", "RunFailed"]

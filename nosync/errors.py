@@ -34,6 +34,10 @@ class AuthError(NosyncError):
     """A connection that did not prove knowledge of the run's secret."""
 
 
+class PeerLost(NosyncError):
+    """A peer worker that could not be reached while a generation was set up."""
+
+
 class RunFailed(NosyncError):
     """A run that could not complete (a worker died in mode `none`, a user function raised)."""
 

@@ -34,8 +34,11 @@ CREDIT = 3
 """Flow control: the receiver lets the sender send header['frames'] more frames."""
 CONTROL = 4
 """Coordinator <-> worker messages; the body is a msgpack map with a 'type'."""
+EVENT = 5
+"""An in-band event on an exchange edge, after every record sent before it (a checkpoint
+barrier). Header: edge; body: the event (a map)."""
 
-KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL})
+KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL, EVENT})
 
 
 class Frame(NamedTuple):

@@ -4,7 +4,15 @@
   last commit), start-up time, latency p50/p99/max (source ingest to sink commit, record
   weighted), per-operator records in/out and busy time, dead letters;
 - throughput.parquet: the progress samples (time, records read, records committed);
-- operators.parquet: one row per (worker, operator).
+- operators.parquet: one row per (worker, operator);
+- whatever tables the mode adds (abs: checkpoints.parquet, one row per completed checkpoint,
+  and checkpoint_instances.parquet, one row per instance and checkpoint: alignment time,
+  records held, synchronous and asynchronous snapshot time, bytes).
+
+Per recovery the summary has the detection time (last heartbeat to loss), the restore time
+(loss to every worker running again) and `back_to_90_s`: loss to the first progress sample
+after which the read rate, over a 1 s window, is back to 90% of its mean over the 3 s before
+the loss (None when the input ran out first).
 """
 
 from __future__ import annotations
@@ -57,7 +65,34 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000
 
 
-def write(run_dir: str, summary: dict, samples: list[dict], done: dict[int, dict]) -> None:
+def add_recovery_times(recoveries: list[dict], samples: list[dict], launched: float) -> None:
+    """Adds `back_to_90_s` to each recovery, from the progress samples (t: seconds since
+    `launched`, read: records read so far)."""
+    pts = [(s["t"], s["read"]) for s in samples]
+
+    def rate(t0: float, t1: float) -> float | None:
+        inside = [(t, r) for t, r in pts if t0 <= t <= t1]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+    for r in recoveries:
+        lost = r["lost_at"] - launched
+        before = rate(lost - 3.0, lost)
+        r["back_to_90_s"] = None
+        if not before or "restored_at" not in r:
+            continue
+        start = r["restored_at"] - launched
+        for t, _ in pts:
+            if t < start:
+                continue
+            now = rate(t, t + 1.0)
+            if now is not None and now >= 0.9 * before:
+                r["back_to_90_s"] = t - lost
+                break
+
+
+def write(run_dir: str, summary: dict, samples: list[dict], done: dict[int, dict], tables: dict | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -72,3 +107,6 @@ def write(run_dir: str, summary: dict, samples: list[dict], done: dict[int, dict
             rows.append({"worker": w, "operator": name, **{k: float(v) for k, v in m.items()}})
     if rows:
         pq.write_table(pa.Table.from_pylist(rows), os.path.join(run_dir, "operators.parquet"))
+    for name, table in (tables or {}).items():
+        if table:
+            pq.write_table(pa.Table.from_pylist(table), os.path.join(run_dir, f"{name}.parquet"))

@@ -8,8 +8,20 @@ its inputs; when it advances, `on_frontier` runs (a window closes, a sink commit
 operator forwards its own marker. Markers carry a watermark `wm` (the greatest event time seen
 before them; None before any), which windows use to close.
 
-State of keyed operators lives in a plain dict per operator (`state`); a fault-tolerance mode
-reads and restores it through the hooks in `nosync.modes`.
+In-band events (a checkpoint barrier) travel the same edges in order with the records:
+`event(channel, ev)` hands one to the mode (`hooks.on_event`), which may block the channel
+(`block`): until it is unblocked, what arrives on that channel is held in arrival order, never
+dropped, and replayed by `unblock`. This is how ABS aligns; no other mode blocks.
+
+An operator emits its outputs with the greatest epoch it has seen (`last_epoch`), not the
+epoch of the batch that caused them: inputs from several workers may be at different epochs,
+and committing epoch by epoch must never reorder what one instance emitted for a key.
+
+State of keyed operators lives in a plain dict per operator (`state`). Everything a restart
+needs (keyed state, window bookkeeping, frontiers and watermarks, sink staging) is taken by
+`snapshot_meta` (small, msgpack-able) and `take_updates` (the keyed updates since the last
+call: new values, TOMBSTONE for deleted keys), and put back by `restore_meta` and
+`restore_keyed`.
 """
 
 from __future__ import annotations
@@ -18,13 +30,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lsm import TOMBSTONE
+from lsm.keys import check_keys
+from nosync import statecodec
 from nosync.errors import PipelineError, RunFailed
 from nosync.pipeline import Node
 
 EOS = 1 << 62
 """The epoch of a finished channel."""
 
-Target = tuple[Callable[[list, int, Any], None], Callable[[Any, int, Any, bool], None], Any]
+Target = tuple[
+    Callable[[list, int, Any], None], Callable[[Any, int, Any, bool], None], Callable[[Any, dict], None], Any
+]
 
 
 class Op:
@@ -42,10 +59,14 @@ class Op:
         self.records_out = 0
         self.busy_s = 0.0
         self.hooks: Any = None
+        self.blocked: set = set()
+        self.held: list = []
+        self.held_records = 0
+        self.track_dirty = False
 
-    def connect(self, push: Callable, marker: Callable, channel: Any) -> None:
-        """Sends this operator's output to (push, marker), tagged with `channel`."""
-        self.targets.append((push, marker, channel))
+    def connect(self, push: Callable, marker: Callable, channel: Any, event: Callable | None = None) -> None:
+        """Sends this operator's output to (push, marker, event), tagged with `channel`."""
+        self.targets.append((push, marker, event or _ignore_event, channel))
 
     def add_input(self, channel: Any) -> None:
         self.inputs[channel] = -1
@@ -54,10 +75,47 @@ class Op:
     def emit(self, records: list, epoch: int) -> None:
         if records:
             self.records_out += len(records)
-            for push, _, chan in self.targets:
+            for push, _, _, chan in self.targets:
                 push(records, epoch, chan)
 
+    # -- in-band events and blocked channels -------------------------------------------
+
+    def event(self, channel: Any, ev: dict) -> None:
+        """An in-band event (a barrier) arrived on `channel`, after every record sent before it."""
+        if self.blocked and channel in self.blocked:
+            self.held.append((2, channel, ev, None))
+            return
+        self.hooks.on_event(self, channel, ev)
+
+    def forward_event(self, ev: dict) -> None:
+        for _, _, event, chan in self.targets:
+            event(chan, ev)
+
+    def block(self, channel: Any) -> None:
+        """Holds back everything that arrives on `channel` until `unblock`."""
+        self.blocked.add(channel)
+
+    def unblock(self) -> None:
+        """Unblocks every channel and replays what was held, in arrival order (a replayed
+        event may block a channel again: what follows it on that channel is held anew)."""
+        self.blocked.clear()
+        held, self.held = self.held, []
+        self.held_records = 0
+        for kind, channel, a, b in held:
+            if kind == 0:
+                self.push(a, b, channel)
+            elif kind == 1:
+                self.marker(channel, a[0], a[1], b)
+            else:
+                self.event(channel, a)
+
+    # -- records and progress ----------------------------------------------------------
+
     def push(self, records: list, epoch: int, channel: Any) -> None:
+        if self.blocked and channel in self.blocked:
+            self.held.append((0, channel, records, epoch))
+            self.held_records += len(records)
+            return
         t = time.perf_counter()
         self.records_in += len(records)
         if epoch > self.last_epoch:
@@ -70,14 +128,19 @@ class Op:
             raise RunFailed(
                 f"operator '{self.name}' (declared at {self.node.where}) raised {type(e).__name__}: {e}"
             ) from e
+        if self.track_dirty:
+            self.dirty.update([r[0] for r in records])
         self.busy_s += time.perf_counter() - t
         if out:
-            self.emit(out, epoch)
+            self.emit(out, self.last_epoch)
 
     def process(self, records: list, epoch: int, channel: Any) -> list | None:
         return records
 
     def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
+        if self.blocked and channel in self.blocked:
+            self.held.append((1, channel, (epoch, wm), eos))
+            return
         inputs = self.inputs
         if epoch <= inputs[channel] and not eos:
             return
@@ -94,7 +157,7 @@ class Op:
             out_wm = self.watermark()
             self.on_frontier(f, out_wm)
             self.busy_s += time.perf_counter() - t
-            for _, mark, chan in self.targets:
+            for _, mark, _, chan in self.targets:
                 mark(chan, f, out_wm, f == EOS)
 
     def watermark(self) -> Any:
@@ -108,6 +171,27 @@ class Op:
 
     def metrics(self) -> dict:
         return {"records_in": self.records_in, "records_out": self.records_out, "busy_s": self.busy_s}
+
+    # -- state ---------------------------------------------------------------------
+
+    def snapshot_meta(self) -> dict:
+        """What a restart needs besides keyed state: frontiers and watermarks."""
+        return {
+            "inputs": dict(self.inputs),
+            "wm": dict(self.input_wm),
+            "frontier": self.frontier,
+            "last_epoch": self.last_epoch,
+        }
+
+    def restore_meta(self, meta: dict) -> None:
+        for chan, e in meta["inputs"].items():
+            if chan in self.inputs:
+                self.inputs[chan] = e
+        for chan, wm in meta["wm"].items():
+            if chan in self.input_wm:
+                self.input_wm[chan] = wm
+        self.frontier = meta["frontier"]
+        self.last_epoch = meta["last_epoch"]
 
 
 class MapOp(Op):
@@ -131,9 +215,15 @@ class FilterOp(Op):
 
 
 class KeyByOp(Op):
+    """Keys are checked here, once per batch, against what the state store accepts (None, int,
+    str, bytes, tuples of them): a key that routing would take but no mode could save fails the
+    run naming this operator, in every mode alike."""
+
     def process(self, records: list, epoch: int, channel: Any) -> list:
         fn = self.node.params["fn"]
-        return [(fn(r), r) for r in records]
+        out = [(fn(r), r) for r in records]
+        check_keys(out)
+        return out
 
 
 class UnionOp(Op):
@@ -141,19 +231,46 @@ class UnionOp(Op):
 
 
 class KeyedOp(Op):
-    """Base of operators with per-key state (a dict); `dirty` collects the keys a batch
-    changed, for modes that persist updates."""
+    """Base of operators with per-key state (a dict); with `track_dirty`, `dirty` collects the
+    keys that processing changed, for modes that persist updates."""
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
         self.state: dict = {}
-        self.track_dirty = False
         self.dirty: set = set()
 
-    def push(self, records: list, epoch: int, channel: Any) -> None:
-        super().push(records, epoch, channel)
-        if self.track_dirty:
-            self.dirty.update(k for k, _ in records)
+    def take_updates(self) -> tuple[list, int]:
+        """The keyed updates since the last call ((key, packed value) pairs, TOMBSTONE for a
+        deleted key) and their size in bytes; forgets them."""
+        state = self.state
+        pack = statecodec.pack
+        out = []
+        size = 0
+        for k in self.dirty:
+            v = state.get(k, _MISSING)
+            if v is _MISSING:
+                out.append((k, TOMBSTONE))
+            else:
+                try:
+                    b = pack(v)
+                except TypeError as e:
+                    raise RunFailed(
+                        f"operator '{self.name}' (declared at {self.node.where}): the state of key {k!r:.60} "
+                        f"cannot be saved: {e}"
+                    ) from None
+                size += len(b)
+                out.append((k, b))
+        self.dirty = set()
+        return out, size
+
+    def restore_keyed(self, items: Any, keepalive: Callable[[], None] = lambda: None) -> None:
+        """Loads (key, packed value) pairs saved by `take_updates`."""
+        state = self.state
+        unpack = statecodec.unpack
+        for i, (k, v) in enumerate(items):
+            state[k] = unpack(v)
+            if i & 0x3FFF == 0:
+                keepalive()
 
     def metrics(self) -> dict:
         m = super().metrics()
@@ -264,13 +381,18 @@ class WindowOp(KeyedOp):
         final = epoch == EOS
         if not final and wm is None:
             return
+        dirty = self.dirty if self.track_dirty else None
         for k in list(self.state):
             wins = self.state[k]
-            for start in sorted(wins):
-                if final or start + size <= wm:
-                    out.append((k, (start, wins.pop(start))))
+            closing = [start for start in sorted(wins) if final or start + size <= wm]
+            if not closing:
+                continue
+            for start in closing:
+                out.append((k, (start, wins.pop(start))))
             if not wins:
                 del self.state[k]
+            if dirty is not None:
+                dirty.add(k)
         if not final:
             self.closed_before = wm if self.closed_before is None else max(self.closed_before, wm)
         if out:
@@ -283,6 +405,20 @@ class WindowOp(KeyedOp):
         m = super().metrics()
         m["late"] = self.late
         return m
+
+    def snapshot_meta(self) -> dict:
+        return {
+            **super().snapshot_meta(),
+            "seen_max": dict(self.seen_max),
+            "closed_before": self.closed_before,
+            "late": self.late,
+        }
+
+    def restore_meta(self, meta: dict) -> None:
+        super().restore_meta(meta)
+        self.seen_max = {c: t for c, t in meta["seen_max"].items() if c in self.inputs}
+        self.closed_before = meta["closed_before"]
+        self.late = meta["late"]
 
 
 class JoinOp(KeyedOp):
@@ -348,8 +484,10 @@ class IterateOp(Op):
 
 
 class SinkOp(Op):
-    """Stages records in the worker's sink part; commits per the mode's policy (for `none`,
-    when the frontier passes an epoch)."""
+    """Stages records in the worker's sink part and commits them as the mode says: mode none
+    commits each epoch once its frontier passes it (`commit`); a checkpointing mode
+    pre-commits at a barrier (`precommit`: the staged output made durable outside the
+    committed output) and commits once the checkpoint completes (`commit_checkpoint`)."""
 
     def __init__(self, node: Node, part: Any, clock: Any) -> None:
         super().__init__(node)
@@ -357,6 +495,8 @@ class SinkOp(Op):
         self.clock = clock
         self.committed = 0
         self.staged_ts: dict[int, list[tuple[float, int]]] = {}
+        self.precommitted: list[tuple[int, Any]] = []
+        self.precommit_ts: dict[int, list[tuple[float, int]]] = {}
         self.latencies: list[tuple[float, int]] = []
         self.last_commit_at: float | None = None
         self.committed_epoch = -1
@@ -368,17 +508,41 @@ class SinkOp(Op):
         self.staged_ts.setdefault(epoch, []).append((self.clock.ts, len(records)))
         return None
 
-    def commit(self, epoch: int) -> None:
-        n = self.part.commit(epoch)
-        self.committed_epoch = max(self.committed_epoch, epoch)
+    def _committed(self, n: int, stamps: list[tuple[float, int]]) -> None:
         self.committed += n
         now = time.time()
         if n:
             self.last_commit_at = now
+        for ts, count in stamps:
+            if ts:
+                self.latencies.append((now - ts, count))
+
+    def commit(self, epoch: int) -> None:
+        """Publishes every epoch <= `epoch` (mode none)."""
+        n = self.part.commit(epoch)
+        self.committed_epoch = max(self.committed_epoch, epoch)
+        stamps = []
         for e in [e for e in self.staged_ts if e <= epoch]:
-            for ts, count in self.staged_ts.pop(e):
-                if ts:
-                    self.latencies.append((now - ts, count))
+            stamps.extend(self.staged_ts.pop(e))
+        self._committed(n, stamps)
+
+    def precommit(self, checkpoint: int) -> None:
+        """Makes everything staged durable under `checkpoint`, outside the committed output."""
+        handle = self.part.precommit(checkpoint)
+        self.precommitted.append((checkpoint, handle))
+        self.precommit_ts[checkpoint] = [x for stamps in self.staged_ts.values() for x in stamps]
+        self.staged_ts.clear()
+
+    def commit_checkpoint(self, checkpoint: int) -> None:
+        """Publishes what was pre-committed under checkpoints <= `checkpoint`."""
+        while self.precommitted and self.precommitted[0][0] <= checkpoint:
+            c, handle = self.precommitted.pop(0)
+            n = self.part.commit_precommit(c, handle)
+            self._committed(n, self.precommit_ts.pop(c, []))
+
+    @property
+    def uncommitted(self) -> bool:
+        return bool(self.precommitted) or self.part.has_staged()
 
     def on_frontier(self, epoch: int, wm: Any) -> None:
         if self.hooks is None or self.hooks.sink_commits_at_frontier:
@@ -389,8 +553,29 @@ class SinkOp(Op):
         m["committed"] = self.committed
         return m
 
+    def snapshot_meta(self) -> dict:
+        return {**super().snapshot_meta(), "committed": self.committed, "precommitted": list(self.precommitted)}
+
+    def restore_meta(self, meta: dict) -> None:
+        """Back to the state of a checkpoint: its pre-commits are committed (idempotently:
+        a commit repeated after a crash writes nothing twice), staging of later checkpoints
+        is discarded."""
+        super().restore_meta(meta)
+        self.committed = meta["committed"]
+
+    def recover(self, checkpoint: int, precommitted: list) -> None:
+        self.precommitted = [(c, h) for c, h in precommitted]
+        n = self.part.recover(checkpoint, self.precommitted)
+        self.precommitted = []
+        self.committed += n
+
 
 _MISSING = object()
+
+
+def _ignore_event(channel: Any, ev: dict) -> None:
+    pass
+
 
 OPS: dict[str, type[Op]] = {
     "map": MapOp,

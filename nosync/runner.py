@@ -5,6 +5,11 @@ starts the coordinator, launches the W worker tasks as one Spark job on a thread
 and waits: for every worker to finish, for the mode to declare the run failed, or for the job
 to fail. A failed run cancels the job (Spark would otherwise retry the lost task) and raises
 RunFailed with the reason. Progress is reported through a callback twice a second.
+
+The run directory holds `run.json` (what was run), the mode's state and checkpoints, events and
+metrics. A run directory that already holds checkpoints is refused unless `resume` is given:
+then the run continues from its last completed checkpoint, and must be the same pipeline, mode
+and number of workers.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 from nosync import metrics
 from nosync.coordinator import Coordinator
-from nosync.errors import NosyncError, RunFailed
+from nosync.errors import NosyncError, PipelineError, RunFailed
 from nosync.loader import load_pipeline
 from nosync.modes import get_mode
 from nosync.plan import plan
@@ -50,32 +55,76 @@ def run(
     progress: Callable[[dict], None] | None = None,
     spark: Any = None,
     timeout_s: float | None = None,
+    checkpoint_ms: int = 1000,
+    checkpoint_tier: str = "disk",
+    max_concurrent_checkpoints: int = 1,
+    checkpoint_timeout_ms: int = 60_000,
+    max_restarts: int | None = None,
+    resume: bool = False,
 ) -> RunResult:
     if workers < 1:
         raise NosyncError(f"--workers must be at least 1, got {workers}")
     if epoch_records is not None and epoch_ms is not None:
         raise NosyncError("give --epoch-records or --epoch-ms, not both")
+    if checkpoint_tier not in ("disk", "remote"):
+        raise NosyncError(f"--checkpoint-tier is disk or remote, not {checkpoint_tier!r}")
+    if resume and not run_dir:
+        raise NosyncError("--resume names the run directory to continue")
     pipeline_file = os.path.abspath(pipeline_file)
     pipeline = load_pipeline(pipeline_file, params)
     plan(pipeline, workers)
-    driver_mode = get_mode(mode)
     run_id = uuid.uuid4().hex[:12]
     run_dir = os.path.abspath(
         run_dir or os.path.join("runs", f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}")
     )
+    _check_run_dir(run_dir, pipeline.name, mode, workers, resume)
+    driver_mode = get_mode(
+        mode,
+        {
+            "checkpoint_ms": checkpoint_ms,
+            "checkpoint_tier": checkpoint_tier,
+            "max_concurrent_checkpoints": max_concurrent_checkpoints,
+            "checkpoint_timeout_ms": checkpoint_timeout_ms,
+            "run_dir": run_dir,
+            "pipeline": pipeline.name,
+            "resume": resume,
+        },
+    )
+    if driver_mode.requires_replayable_sources:
+        for n in pipeline.nodes:
+            if n.kind == "source" and not n.params["source"].replayable:
+                raise PipelineError(
+                    f"{n.params['source'].describe()} cannot restart from a position, which mode {mode} needs "
+                    "(only mode nosync logs its input to make it replayable)",
+                    n.name,
+                    n.where,
+                )
     os.makedirs(run_dir, exist_ok=True)
+    _write_json(
+        os.path.join(run_dir, "run.json"),
+        {
+            "pipeline": pipeline.name,
+            "pipeline_file": pipeline_file,
+            "params": dict(params or {}),
+            "mode": mode,
+            "workers": workers,
+            "run_id": run_id,
+            "resumed": resume,
+        },
+    )
 
     t0 = time.time()
     spark = spark or get_spark(master, workers)
     check_slots(spark, workers)
     startup_s = time.time() - t0
     secret = secrets.token_bytes(32)
-    coord = Coordinator(workers, secret, driver_mode, run_id)
+    coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=max_restarts)
     spec = {
         "run_id": run_id,
         "pipeline_file": pipeline_file,
         "params": dict(params or {}),
         "mode": mode,
+        "mode_options": driver_mode.worker_options(),
         "workers": workers,
         "coordinator": list(coord.address),
         "secret": secret,
@@ -122,8 +171,12 @@ def run(
             sc.cancelJobGroup(run_id)
             thread.join(timeout=5)
             raise RunFailed(coord.failure)
-        thread.join()
-        if job_error:
+        # every worker was told to finish; a task Spark retries after that is told so too
+        thread.join(timeout=60)
+        if thread.is_alive():
+            sc.cancelJobGroup(run_id)
+            thread.join(timeout=5)
+        elif job_error:
             raise RunFailed(f"the Spark job failed: {_first_line(job_error[0])}")
     finally:
         coord.close()
@@ -143,12 +196,40 @@ def run(
     }
     summary = metrics.summarize(info, coord.done)
     summary["records_per_s"] = summary["records_read"] / info["processing_s"]
-    if progress:
-        p = coord.progress()
-        p["t"] = end - launched
-        samples.append(p)
-    metrics.write(run_dir, summary, samples, coord.done)
+    summary["generations"] = coord.gen + 1
+    summary.update(driver_mode.summary(coord))
+    p = coord.progress()
+    p["t"] = end - launched
+    samples.append(p)
+    if summary.get("recoveries"):
+        metrics.add_recovery_times(summary["recoveries"], samples, launched)
+    tables = driver_mode.tables() if hasattr(driver_mode, "tables") else {}
+    metrics.write(run_dir, summary, samples, coord.done, tables)
     return RunResult(summary, run_dir)
+
+
+def _check_run_dir(run_dir: str, pipeline: str, mode: str, workers: int, resume: bool) -> None:
+    """Refuses a run directory that another run's state would be mixed with."""
+    import json
+
+    from nosync import checkpoints
+
+    info_path = os.path.join(run_dir, "run.json")
+    has_state = bool(checkpoints.completed(run_dir)) or os.path.isdir(os.path.join(run_dir, "state"))
+    if not resume:
+        if has_state:
+            raise NosyncError(
+                f"run directory {run_dir} holds the state of an earlier run: continue it with --resume, "
+                "or give another --run-dir"
+            )
+        return
+    if not os.path.exists(info_path):
+        raise NosyncError(f"--resume {run_dir}: no run.json there, so no run to continue")
+    with open(info_path, encoding="utf-8") as f:
+        before = json.load(f)
+    for what, now in (("pipeline", pipeline), ("mode", mode), ("workers", workers)):
+        if before.get(what) != now:
+            raise NosyncError(f"--resume {run_dir}: that run's {what} is {before.get(what)!r}, this one's is {now!r}")
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -1,16 +1,22 @@
 """Sinks: where a run's output is committed. "Exactly once" is judged on committed output.
 
 Each worker has its own instance of a sink (a "part"). Records are staged per epoch and become
-visible only at `commit(epoch)`, which the fault-tolerance mode calls when the epoch is safe
-(mode none: when every input of the sink has finished the epoch; abs: a completed checkpoint;
-nosync: a safe point):
+visible only when committed. Mode none commits an epoch when every input of the sink has
+finished it (`commit(epoch)`). The other modes commit in two phases: `precommit(c)` writes what
+is staged durably into a staging area outside the committed output, under checkpoint (or safe
+point) c, and returns a small handle; `commit_precommit(c, handle)` makes it visible atomically
+once c is complete. Both are idempotent: a commit repeated after a crash writes nothing twice.
+`recover(c, handles)` brings a part back to checkpoint c: it commits the handles of c and
+before, discards the staging of later checkpoints (and, for files, retracts output committed
+under a later checkpoint, which happens only when recovery falls back past a damaged one).
 
-- Files: one staged file per (epoch, worker) under `<dir>/_staging/`, fsynced, renamed into
-  `<dir>/` at commit (atomic on a POSIX file system), then the directory is fsynced; a re-run
-  of a committed epoch replaces the same name.
-- LevelDB: a key-value sink of (key, value) records; the epoch's upserts go in one write batch
-  at commit (idempotent: a replayed epoch writes the same values). One LevelDB per worker
-  (`<dir>/part-W`), since LevelDB allows one process per database.
+- Files: one staged file per (epoch, worker[, checkpoint]) under `<dir>/_staging/`, fsynced,
+  renamed into `<dir>/` at commit (atomic on a POSIX file system), then the directory is
+  fsynced. Names carry the checkpoint, so one that cuts an epoch in two gives two files.
+- LevelDB: a key-value sink of (key, value) records; the upserts go in one write batch at
+  commit (idempotent: a replayed commit writes the same values). One LevelDB per worker
+  (`<dir>/part-W`), since LevelDB allows one process per database; pre-commits are msgpack
+  files under `<dir>/_staging/`.
 - Console: prints committed records.
 """
 
@@ -18,11 +24,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any
 
+import msgpack
+
 from lsm.files import fsync_dir
-from nosync.errors import PipelineError
+from nosync.errors import PipelineError, RunFailed
 from nosync.pipeline import _declared_at
 
 
@@ -44,6 +53,7 @@ class SinkPart:
 
     def __init__(self) -> None:
         self.pending: dict[int, list] = {}
+        self.held: dict[int, list] = {}
 
     def write(self, epoch: int, records: list) -> None:
         self.pending.setdefault(epoch, []).extend(records)
@@ -56,9 +66,32 @@ class SinkPart:
         """Publishes everything staged for epochs <= `epoch`; returns how many records."""
         raise NotImplementedError
 
+    def has_staged(self) -> bool:
+        return any(self.pending.values())
+
+    def precommit(self, checkpoint: int) -> Any:
+        """Moves everything staged into the pre-commit of `checkpoint`; returns its handle
+        (msgpack-able). The base keeps it in memory: not durable across a crash."""
+        self.held[checkpoint] = self.take(1 << 62)
+        return sum(len(r) for _, r in self.held[checkpoint])
+
+    def commit_precommit(self, checkpoint: int, handle: Any) -> int:
+        """Publishes the pre-commit of `checkpoint`; returns how many records."""
+        due = self.held.pop(checkpoint, [])
+        for e, recs in due:
+            self.pending.setdefault(e, []).extend(recs)
+        return self.commit(1 << 62)
+
+    def recover(self, checkpoint: int, handles: list) -> int:
+        """Back to `checkpoint`: commits `handles` ((checkpoint, handle) pairs, all <= it),
+        drops everything else staged; returns how many records it committed."""
+        self.abort()
+        return 0
+
     def abort(self) -> None:
         """Drops what is staged and not committed."""
         self.pending.clear()
+        self.held = {}
 
     def close(self) -> None:
         pass
@@ -168,6 +201,9 @@ def _parquet_records(path: str) -> list:
     return table.to_pylist()
 
 
+_PART_NAME = re.compile(r"^part-(\d+)-w(\d+)(?:-c(\d+))?\.")
+
+
 class _FilesPart(SinkPart):
     def __init__(self, directory: str, fmt: str, worker: int) -> None:
         super().__init__()
@@ -177,33 +213,89 @@ class _FilesPart(SinkPart):
         self.fmt = fmt
         self.worker = worker
 
-    def _name(self, epoch: int) -> str:
-        return f"part-{epoch:010d}-w{self.worker:04d}.{self.fmt}"
+    def _name(self, epoch: int, checkpoint: int | None = None) -> str:
+        c = "" if checkpoint is None else f"-c{checkpoint:010d}"
+        return f"part-{epoch:010d}-w{self.worker:04d}{c}.{self.fmt}"
+
+    def _write(self, path: str, recs: list) -> None:
+        """Writes `recs` to `path` through a temporary file, fsynced, then renamed."""
+        tmp = path + ".tmp"
+        if self.fmt == "jsonl":
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write("\n".join(json.dumps(r, default=_json_default, separators=(",", ":")) for r in recs))
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            import pyarrow.parquet as pq
+
+            with open(tmp, "wb") as f:
+                pq.write_table(_arrow_table(recs), f)
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     def commit(self, epoch: int) -> int:
         n = 0
         for e, recs in self.take(epoch):
             if not recs:
                 continue
-            staged = os.path.join(self.staging, self._name(e) + ".tmp")
-            if self.fmt == "jsonl":
-                with open(staged, "w", encoding="utf-8") as f:
-                    f.write("\n".join(json.dumps(r, default=_json_default, separators=(",", ":")) for r in recs))
-                    f.write("\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-            else:
-                import pyarrow.parquet as pq
-
-                with open(staged, "wb") as f:
-                    pq.write_table(_arrow_table(recs), f)
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(staged, os.path.join(self.dir, self._name(e)))
+            self._write(os.path.join(self.dir, self._name(e)), recs)
             n += len(recs)
         if n:
             fsync_dir(self.dir)
         return n
+
+    def precommit(self, checkpoint: int) -> Any:
+        names = []
+        n = 0
+        for e, recs in self.take(1 << 62):
+            if not recs:
+                continue
+            name = self._name(e, checkpoint)
+            self._write(os.path.join(self.staging, name), recs)
+            names.append(name)
+            n += len(recs)
+        if names:
+            fsync_dir(self.staging)
+        return {"files": names, "records": n}
+
+    def commit_precommit(self, checkpoint: int, handle: Any) -> int:
+        moved = False
+        for name in handle["files"]:
+            staged = os.path.join(self.staging, name)
+            final = os.path.join(self.dir, name)
+            if os.path.exists(staged):
+                os.replace(staged, final)
+                moved = True
+            elif not os.path.exists(final):
+                raise RunFailed(f"sink {self.dir}: the pre-committed file {name} of checkpoint {checkpoint} is missing")
+        if moved:
+            fsync_dir(self.dir)
+        return handle["records"]
+
+    def _mine(self, directory: str) -> list[tuple[str, int | None]]:
+        """This worker's part files in `directory` and the checkpoint each names (None: none)."""
+        out = []
+        for name in os.listdir(directory):
+            m = _PART_NAME.match(name)
+            if m and int(m.group(2)) == self.worker:
+                out.append((name, None if m.group(3) is None else int(m.group(3))))
+        return out
+
+    def recover(self, checkpoint: int, handles: list) -> int:
+        self.abort()
+        n = sum(self.commit_precommit(c, h) for c, h in handles)
+        for name, c in self._mine(self.staging):
+            if name.endswith(".tmp") or c is None or c > checkpoint:
+                os.unlink(os.path.join(self.staging, name))
+        retracted = [name for name, c in self._mine(self.dir) if c is not None and c > checkpoint]
+        for name in retracted:
+            os.unlink(os.path.join(self.dir, name))
+        fsync_dir(self.staging)
+        fsync_dir(self.dir)
+        return n
+
 
 class LevelDB(Sink):
     """A key-value sink: records are (key, value) pairs, upserted at commit; keys and values
@@ -222,16 +314,17 @@ class LevelDB(Sink):
         return f"LevelDB({self.directory})"
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:
-        return _LevelDBPart(os.path.join(self.directory, f"part-{worker}"))
+        return _LevelDBPart(self.directory, worker)
 
     def read_committed(self) -> dict:
-        import msgpack
         import plyvel
 
         out: dict = {}
         if not os.path.isdir(self.directory):
             return out
         for name in sorted(os.listdir(self.directory)):
+            if not name.startswith("part-"):
+                continue
             db = plyvel.DB(os.path.join(self.directory, name))
             try:
                 for k, v in db:
@@ -242,27 +335,73 @@ class LevelDB(Sink):
 
 
 class _LevelDBPart(SinkPart):
-    def __init__(self, path: str) -> None:
+    def __init__(self, directory: str, worker: int) -> None:
         import plyvel
 
         super().__init__()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.db = plyvel.DB(path, create_if_missing=True)
+        self.staging = os.path.join(directory, "_staging")
+        os.makedirs(self.staging, exist_ok=True)
+        self.worker = worker
+        self.db = plyvel.DB(os.path.join(directory, f"part-{worker}"), create_if_missing=True)
+
+    @staticmethod
+    def _pairs(recs: list) -> list:
+        out = []
+        for rec in recs:
+            try:
+                k, v = rec
+            except (TypeError, ValueError):
+                raise PipelineError(f"the LevelDB sink takes (key, value) records, got {rec!r:.80}") from None
+            out.append((msgpack.packb(k), msgpack.packb(v)))
+        return out
+
+    def _put(self, pairs: list) -> None:
+        wb = self.db.write_batch(sync=True)
+        for k, v in pairs:
+            wb.put(k, v)
+        wb.write()
 
     def commit(self, epoch: int) -> int:
-        import msgpack
+        pairs = [p for _, recs in self.take(epoch) for p in self._pairs(recs)]
+        self._put(pairs)
+        return len(pairs)
 
-        n = 0
-        wb = self.db.write_batch(sync=True)
-        for _, recs in self.take(epoch):
-            for rec in recs:
-                try:
-                    k, v = rec
-                except (TypeError, ValueError):
-                    raise PipelineError(f"the LevelDB sink takes (key, value) records, got {rec!r:.80}") from None
-                wb.put(msgpack.packb(k), msgpack.packb(v))
-                n += 1
-        wb.write()
+    def _staged(self, checkpoint: int) -> str:
+        return os.path.join(self.staging, f"w{self.worker:04d}-c{checkpoint:010d}.msgpack")
+
+    def precommit(self, checkpoint: int) -> Any:
+        pairs = [p for _, recs in self.take(1 << 62) for p in self._pairs(recs)]
+        if not pairs:
+            return {"records": 0}
+        path = self._staged(checkpoint)
+        with open(path + ".tmp", "wb") as f:
+            f.write(msgpack.packb(pairs, use_bin_type=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        fsync_dir(self.staging)
+        return {"records": len(pairs)}
+
+    def commit_precommit(self, checkpoint: int, handle: Any) -> int:
+        path = self._staged(checkpoint)
+        if handle["records"] and os.path.exists(path):
+            # the staged file goes only after its upserts are in LevelDB: a crash between the
+            # two repeats the same upserts
+            with open(path, "rb") as f:
+                pairs = msgpack.unpackb(f.read(), raw=False, use_list=False)
+            self._put(pairs)
+            os.unlink(path)
+        return handle["records"]
+
+    def recover(self, checkpoint: int, handles: list) -> int:
+        self.abort()
+        n = sum(self.commit_precommit(c, h) for c, h in handles)
+        prefix = f"w{self.worker:04d}-c"
+        for name in os.listdir(self.staging):
+            if name.startswith(prefix) and (
+                name.endswith(".tmp") or int(name[len(prefix) : len(prefix) + 10]) > checkpoint
+            ):
+                os.unlink(os.path.join(self.staging, name))
         return n
 
     def close(self) -> None:
@@ -313,3 +452,9 @@ class _NullPart(SinkPart):
 
     def commit(self, epoch: int) -> int:
         return sum(n for _, n in self.take(epoch))
+
+    def precommit(self, checkpoint: int) -> Any:
+        return self.commit(1 << 62)
+
+    def commit_precommit(self, checkpoint: int, handle: Any) -> int:
+        return handle

@@ -14,7 +14,9 @@ from typing import Any
 
 from nosync.errors import NosyncError
 
-MAX_FAILURES = 4
+MAX_FAILURES = 100_000
+"""Spark's own retry bound, set out of the way: how many restarts a run survives is the mode's
+business (`--max-restarts`), and a recovering mode needs Spark to retry a lost task every time."""
 
 
 def default_master(workers: int) -> str:

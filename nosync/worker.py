@@ -1,20 +1,28 @@
 """The worker: one long-running Spark task that runs one instance of every operator.
 
-Start-up: connect to the coordinator (authenticated), register with the address of a fresh
-listening socket, receive every peer's address, open one data connection to each peer (and
-accept one from each), build the operators, call the mode's `on_start`. Then one thread runs
-the loop below until every operator has seen the end of every input and every frame is sent:
+Start-up: connect to the coordinator (authenticated), register with the address of a listening
+socket, and wait for the peers of a membership generation. A generation is one set of data
+connections: for each, the worker opens one connection to every peer (and accepts one from
+each, checking that it names the same generation), builds the operators afresh, and lets the
+mode restore them (`on_start`). Then one thread runs the loop below until the coordinator says
+finish, or says rejoin: a worker was lost, so every data connection is dropped (frames of the
+old generation are never read again) and the worker registers for the next generation. A
+worker that Spark started again (attempt > 0) joins the generation the coordinator is in.
+
+The loop:
 
 1. read what arrived: data frames go to the operator behind their edge, markers advance
-   frontiers, credits release queued frames, control messages go to the worker or the mode;
+   frontiers, events (barriers) go in-band to their operator, credits release queued frames,
+   control messages go to the worker or the mode;
 2. if no outgoing channel is over its backlog bound, read one chunk from a source partition
    and push it through the operators (forward edges are direct calls; exchange edges go to a
    Router, which keeps the local share and frames the rest per destination);
-3. flush router buffers older than the linger time, write what the sockets take;
+3. flush router buffers older than the linger time, write what the sockets take, let the
+   mode poll (durable snapshots);
 4. every HEARTBEAT_S, send counters to the coordinator.
 
 No thread is started per record or per batch; the only extra thread accepts peer connections
-during start-up.
+while a generation is set up.
 """
 
 from __future__ import annotations
@@ -31,9 +39,9 @@ from typing import Any
 import xxhash
 
 from nosync import channels, frames
-from nosync.errors import AuthError, BadRecord, FrameError, RunFailed
+from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
 from nosync.loader import load_pipeline
-from nosync.modes import get_mode
+from nosync.modes import worker_hooks
 from nosync.operators import (
     EOS,
     IterateOp,
@@ -48,6 +56,7 @@ log = logging.getLogger("nosync.worker")
 
 HEARTBEAT_S = 0.5
 MAX_BACKLOG_FRAMES = 2 * channels.INITIAL_CREDITS
+SETUP_TIMEOUT_S = 120.0
 
 
 class Clock:
@@ -72,6 +81,14 @@ def partition_of(key: Any, workers: int) -> int:
 
         data = msgpack.packb(key, use_bin_type=True)
     return xxhash.xxh64_intdigest(data) % workers
+
+
+class Rejoin(Exception):
+    """The coordinator moved the run to generation `gen`: drop the data connections."""
+
+    def __init__(self, gen: int) -> None:
+        super().__init__(f"rejoin generation {gen}")
+        self.gen = gen
 
 
 class Router:
@@ -138,24 +155,40 @@ class Router:
             if self.buffers[d] and (older_than is None or now - self.buffer_since[d] >= older_than):
                 self._send(d)
 
-    def marker(self, _chan: Any, epoch: int, wm: Any, eos: bool) -> None:
+    def _broadcast(self, kind: int, header: dict, body: Any = None) -> None:
         self.flush()
         if self.n > 1:
-            body = frames.encode(frames.MARKER, {"edge": self.edge, "epoch": epoch, "wm": wm, "eos": eos})
+            data = frames.encode(kind, header, body)
             for d in range(self.n):
                 if d != self.me:
-                    self.w.out[d].send(body)
+                    self.w.out[d].send(data)
+
+    def marker(self, _chan: Any, epoch: int, wm: Any, eos: bool) -> None:
+        self._broadcast(frames.MARKER, {"edge": self.edge, "epoch": epoch, "wm": wm, "eos": eos})
         self.dst.marker(self.local_chan, epoch, wm, eos)
+
+    def event(self, _chan: Any, ev: dict) -> None:
+        self._broadcast(frames.EVENT, {"edge": self.edge}, ev)
+        self.dst.event(self.local_chan, ev)
 
 
 class SourceOp(Op):
-    """Reads this worker's partitions of one source, epoch by epoch, round robin."""
+    """Reads this worker's partitions of one source, epoch by epoch, round robin.
+
+    A partition's position names exactly the next record to read: `[offset, skip]`, where
+    `offset` is where `source.read` starts the chunk being consumed and `skip` counts the
+    records of it already emitted. Every source reads the same chunks again from the same
+    offset, so a restart from a position emits exactly the records after it.
+    """
 
     def __init__(self, node: Any, parts: list[dict], worker: Worker) -> None:
         super().__init__(node)
         self.source = node.params["source"]
         self.w = worker
-        self.parts = [{"part": p, "iter": None, "offset": None, "read": 0, "done": False, "left": []} for p in parts]
+        self.parts = [
+            {"part": p, "iter": None, "offset": None, "skip": 0, "chunk": None, "next": None, "read": 0, "done": False}
+            for p in parts
+        ]
         self.epoch = 0
         self.started = time.monotonic()
         self.finished = False
@@ -164,21 +197,31 @@ class SourceOp(Op):
         self.w.dead_letter(self.name, bad)
 
     def _next_chunk(self, st: dict, limit: int) -> list:
-        if st["left"]:
-            recs = st["left"][:limit]
-            st["left"] = st["left"][limit:]
-            return recs
-        if st["iter"] is None:
-            st["iter"] = self.source.read(st["part"], st["offset"], self.w.batch_size, self._on_bad)
-        try:
-            recs, st["offset"] = next(st["iter"])
-        except StopIteration:
-            st["done"] = True
-            return []
-        if len(recs) > limit:
-            st["left"] = recs[limit:]
-            recs = recs[:limit]
+        """Up to `limit` records of the partition, from its position on."""
+        chunk = st["chunk"]
+        while chunk is None or st["skip"] >= len(chunk):
+            drop = 0
+            if chunk is not None:
+                # consumed whole: the next chunk starts where this one said
+                st["offset"], st["skip"], st["chunk"] = st["next"], 0, None
+            if st["iter"] is None:
+                # (re)opened at a position: the records of its first chunk already emitted go
+                st["iter"] = self.source.read(st["part"], st["offset"], self.w.batch_size, self._on_bad)
+                drop = st["skip"]
+            try:
+                recs, st["next"] = next(st["iter"])
+            except StopIteration:
+                st["done"] = True
+                return []
+            chunk = st["chunk"] = recs
+            st["skip"] = drop
+        i = st["skip"]
+        recs = chunk[i : i + limit]
+        st["skip"] = i + len(recs)
         return recs
+
+    def _exhausted(self, st: dict) -> bool:
+        return st["done"]
 
     def poll(self) -> bool:
         """Reads and pushes one chunk; returns False once the source is exhausted."""
@@ -192,7 +235,7 @@ class SourceOp(Op):
                 self._close_epoch(e - 1)
                 self.epoch = e
         for st in self.parts:
-            if st["done"] and not st["left"]:
+            if st["done"]:
                 continue
             limit = w.batch_size
             if not w.epoch_ms:
@@ -211,7 +254,7 @@ class SourceOp(Op):
                 return True
             if not st["done"]:
                 return True
-        if all(st["done"] and not st["left"] for st in self.parts):
+        if all(st["done"] for st in self.parts):
             self.finished = True
             self._close_epoch(EOS)
             return False
@@ -222,8 +265,30 @@ class SourceOp(Op):
 
     def _close_epoch(self, epoch: int) -> None:
         self.frontier = epoch
-        for _, mark, chan in self.targets:
+        for _, mark, _, chan in self.targets:
             mark(chan, epoch, None, epoch == EOS)
+
+    def snapshot_meta(self) -> dict:
+        return {
+            **super().snapshot_meta(),
+            "epoch": self.epoch,
+            "finished": self.finished,
+            "records_in": self.records_in,
+            "parts": [[st["offset"], st["skip"], st["read"], st["done"]] for st in self.parts],
+        }
+
+    def restore_meta(self, meta: dict) -> None:
+        super().restore_meta(meta)
+        self.epoch = meta["epoch"]
+        self.finished = meta["finished"]
+        self.records_in = meta["records_in"]
+        if len(meta["parts"]) != len(self.parts):
+            raise RunFailed(
+                f"source '{self.name}': the checkpoint has {len(meta['parts'])} partitions on this worker, "
+                f"the pipeline now has {len(self.parts)}"
+            )
+        for st, (offset, skip, read, done) in zip(self.parts, meta["parts"], strict=True):
+            st.update(offset=offset, skip=skip, read=read, done=done, iter=None, chunk=None, next=None)
 
 
 class Worker:
@@ -245,68 +310,140 @@ class Worker:
         self.routers: list[Router] = []
         self.sources: list[SourceOp] = []
         self.sinks: list[SinkOp] = []
-        self.hooks = get_mode(spec["mode"]).worker_hooks()
+        self.hooks = worker_hooks(spec["mode"], spec.get("mode_options") or {})
         self.dead_letters = 0
         self.first_read_at: float | None = None
+        self.gen = -1
+        self.generations = 0
+        self._parts: dict[int, Any] = {}
         self._dl_file = None
         self._pending_credits: dict[int, int] = {}
+        self._latencies: list = []
+        self._last_commit_at: float | None = None
+        self._next_beat = 0.0
+        self._rejoin: int | None = None
+        self._finish = False
 
-    # -- start-up ---------------------------------------------------------------
+    # -- the coordinator ---------------------------------------------------------------
 
-    def _register(self) -> dict:
+    def _register(self) -> None:
         host = self.spec.get("bind_host", "127.0.0.1")
         self.listener = channels.listen(host, 0)
+        self.address = [host, self.listener.getsockname()[1]]
         sock = channels.connect(
             tuple(self.spec["coordinator"]),
             self.secret,
             {"role": "worker", "worker": self.index, "attempt": self.attempt, "run": self.spec["run_id"]},
         )
-        self.ctrl = sock
-        sock.sendall(
-            frames.encode(
-                frames.CONTROL,
-                {},
-                {
-                    "type": "register",
-                    "worker": self.index,
-                    "attempt": self.attempt,
-                    "addr": [host, self.listener.getsockname()[1]],
-                    "pid": os.getpid(),
-                },
-            )
+        self.ctrl_conn = channels.Connection(sock, "coordinator")
+        self.send_ctrl(
+            {
+                "type": "register",
+                "worker": self.index,
+                "attempt": self.attempt,
+                "gen": -1,
+                "addr": self.address,
+                "pid": os.getpid(),
+            }
         )
-        reader = frames.FrameReader()
-        sock.settimeout(120)
-        while True:
-            data = sock.recv(1 << 16)
-            if not data:
-                raise RunFailed("the coordinator closed the connection during start-up")
-            for f in reader.feed(data):
-                msg = f.body
-                if msg.get("type") == "peers":
-                    sock.settimeout(None)
-                    self._ctrl_reader = reader
-                    return msg
-                if msg.get("type") == "abort":
-                    raise RunFailed(f"run aborted by the coordinator: {msg.get('reason')}")
 
-    def _connect_peers(self, peers: list) -> None:
+    def send_ctrl(self, msg: dict) -> None:
+        """Queues a control message to the coordinator (written by the loop, or by keepalive)."""
+        self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, msg))
+
+    def keepalive(self) -> None:
+        """Sends a heartbeat when one is due and writes queued control messages: called by
+        the loop, and by long work outside it (a restore), so the coordinator never takes a
+        busy worker for a dead one."""
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + HEARTBEAT_S
+            self.send_ctrl({"type": "heartbeat", "gen": self.gen, **self.counters()})
+        if self.ctrl_conn.out_bytes:
+            self.ctrl_conn.flush()
+
+    def _read_ctrl(self) -> None:
+        try:
+            got = self.ctrl_conn.receive()
+        except FrameError as e:
+            raise RunFailed(f"malformed frame from the coordinator: {e}") from e
+        except ConnectionError as e:
+            raise RunFailed(f"lost the coordinator: {e}") from e
+        for f in got:
+            self._handle_ctrl(f.body)
+
+    def _handle_ctrl(self, msg: dict) -> None:
+        t = msg.get("type")
+        if t == "abort":
+            raise RunFailed(f"run aborted by the coordinator: {msg.get('reason')}")
+        if t == "finish":
+            self._finish = True
+        elif t == "rejoin":
+            g = int(msg["gen"])
+            if g > self.gen and (self._rejoin is None or g > self._rejoin):
+                self._rejoin = g
+        elif t == "peers":
+            if int(msg["gen"]) > self.gen:
+                self._peers = msg
+        elif t == "mode":
+            if msg.get("gen", self.gen) == self.gen and self.ops:
+                self.hooks.on_control(self, msg)
+
+    def _await_peers(self) -> dict:
+        """Waits for the peers of a generation newer than the current one (answering rejoins
+        by registering for them), with heartbeats."""
+        self._peers = None
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        sel = selectors.DefaultSelector()
+        sel.register(self.ctrl_conn.sock, selectors.EVENT_READ)
+        try:
+            while True:
+                if self._finish:
+                    return {}
+                if self._rejoin is not None:
+                    g, self._rejoin = self._rejoin, None
+                    self.send_ctrl(
+                        {
+                            "type": "register",
+                            "worker": self.index,
+                            "attempt": self.attempt,
+                            "gen": g,
+                            "addr": self.address,
+                            "pid": os.getpid(),
+                        }
+                    )
+                peers = self._peers
+                if peers is not None and (self._rejoin is None or int(peers["gen"]) >= self._rejoin):
+                    self._peers = None
+                    return peers
+                self.keepalive()
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"worker {self.index}: no peers from the coordinator in {SETUP_TIMEOUT_S:.0f}s")
+                if sel.select(0.05):
+                    self._read_ctrl()
+        finally:
+            sel.close()
+
+    # -- a generation -----------------------------------------------------------------
+
+    def _connect_peers(self, peers: list, gen: int) -> None:
         expected = self.workers - 1
         accepted: dict[int, socket.socket] = {}
-        errors: list[BaseException] = []
+        stop = threading.Event()
 
         def accept() -> None:
-            self.listener.settimeout(60)
-            while len(accepted) < expected:
+            self.listener.settimeout(0.2)
+            while len(accepted) < expected and not stop.is_set():
                 try:
                     s, addr = self.listener.accept()
-                except OSError as e:
-                    errors.append(e)
+                except TimeoutError:
+                    continue
+                except OSError:
                     return
                 try:
                     ident = channels.accept_handshake(s, self.secret)
-                    if ident.get("role") != "data" or ident.get("to") != self.index:
-                        raise AuthError(f"unexpected identity {ident}")
+                    if ident.get("role") != "data" or ident.get("to") != self.index or ident.get("gen") != gen:
+                        raise AuthError(f"unexpected identity {ident} (generation {gen})")
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     accepted[int(ident["from"])] = s
                 except AuthError as e:
@@ -314,20 +451,44 @@ class Worker:
 
         t = threading.Thread(target=accept, name="nosync-accept", daemon=True)
         t.start()
-        for j in range(self.workers):
-            if j != self.index:
-                s = channels.connect(tuple(peers[j]), self.secret, {"role": "data", "from": self.index, "to": j})
-                self.out[j] = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
-        t.join()
-        self.listener.close()
+        try:
+            for j in range(self.workers):
+                if j != self.index:
+                    s = channels.connect(
+                        tuple(peers[j]), self.secret, {"role": "data", "from": self.index, "to": j, "gen": gen}
+                    )
+                    self.out[j] = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
+            deadline = time.monotonic() + 60
+            while t.is_alive() and time.monotonic() < deadline:
+                t.join(0.1)
+                self.keepalive()
+                self._poll_ctrl_nowait()
+                if self._rejoin is not None:
+                    raise Rejoin(self._rejoin)
+        finally:
+            stop.set()
+            t.join()
+            if len(accepted) < expected:
+                for s in accepted.values():
+                    s.close()
         if len(accepted) < expected:
-            raise RunFailed(f"worker {self.index}: only {len(accepted)} of {expected} peers connected ({errors})")
+            raise PeerLost(f"worker {self.index}: only {len(accepted)} of {expected} peers connected")
         for j, s in accepted.items():
             self.inc[j] = channels.Connection(s, f"worker {j}")
 
+    def _poll_ctrl_nowait(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(self.ctrl_conn.sock, selectors.EVENT_READ)
+            if sel.select(0):
+                self._read_ctrl()
+        finally:
+            sel.close()
+
     def _build(self, p: PhysicalPlan) -> None:
+        self.ops, self.by_id, self.routers, self.sources, self.sinks = [], {}, [], [], []
         nodes = p.pipeline.nodes
-        run_id = self.spec["run_id"]
+        run_id = self.spec.get("run_id", "")
         loop_nodes = {i for n in nodes if n.kind == "iterate" for i in n.params["body"]} | {
             n.params["entry"] for n in nodes if n.kind == "iterate"
         }
@@ -336,7 +497,10 @@ class Worker:
                 op: Op = SourceOp(n, p.source_parts[n.id][self.index], self)
                 self.sources.append(op)
             elif n.kind == "sink":
-                op = SinkOp(n, n.params["sink"].open_part(self.index, run_id), self.clock)
+                part = self._parts.get(n.id)
+                if part is None:
+                    part = self._parts[n.id] = n.params["sink"].open_part(self.index, run_id)
+                op = SinkOp(n, part, self.clock)
                 self.sinks.append(op)
             elif n.kind == "join":
                 op = JoinOp(n, set())
@@ -345,8 +509,7 @@ class Worker:
             else:
                 op = make_op(n)
             op.hooks = self.hooks
-            if hasattr(op, "track_dirty"):
-                op.track_dirty = self.hooks.tracks_dirty
+            op.track_dirty = self.hooks.tracks_dirty and hasattr(op, "dirty")
             self.ops.append(op)
             self.by_id[n.id] = op
         for n in nodes:
@@ -361,20 +524,42 @@ class Worker:
             if e.exchange:
                 r = Router(self, e.id, dst)
                 self.routers.append(r)
-                src.connect(r.push, r.marker, None)
+                src.connect(r.push, r.marker, None, r.event)
                 for w in range(self.workers):
                     dst.add_input(("x", e.id, w))
                     if left:
                         dst.left_channels.add(("x", e.id, w))
             else:
                 chan = ("f", e.id)
-                src.connect(dst.push, dst.marker, chan)
+                src.connect(dst.push, dst.marker, chan, dst.event)
                 dst.add_input(chan)
                 if left:
                     dst.left_channels.add(chan)
         for n in nodes:
             if n.kind == "loop_entry":
                 self.by_id[n.id].add_input("loop")
+        self._edge_dst = {r.edge: r.dst for r in self.routers}
+
+    def _drop_generation(self) -> None:
+        """Closes every data connection and keeps what the metrics need of the operators."""
+        for c in [*self.out.values(), *self.inc.values()]:
+            c.close()
+        self.out, self.inc = {}, {}
+        self._pending_credits = {}
+        for s in self.sinks:
+            self._latencies.extend(s.latencies)
+            if s.last_commit_at is not None:
+                self._last_commit_at = max(self._last_commit_at or 0.0, s.last_commit_at)
+        self.ops = []
+
+    def _start_generation(self, peers: dict, p: PhysicalPlan) -> None:
+        self.gen = int(peers["gen"])
+        self.generations += 1
+        self._connect_peers(peers["addresses"], self.gen)
+        self._build(p)
+        self.hooks.on_start(self, peers)
+        self.send_ctrl({"type": "ready", "gen": self.gen})
+        self.keepalive()
 
     # -- the loop ---------------------------------------------------------------
 
@@ -396,22 +581,20 @@ class Worker:
         self._dl_file.flush()
         self.dead_letters += 1
 
-    def _send_ctrl(self, msg: dict) -> None:
-        self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, msg))
-
     def _handle_data(self, j: int, f: frames.Frame) -> None:
         h = f.header
+        dst = self._edge_dst.get(h.get("edge"))
+        if dst is None:
+            raise FrameError(f"frame for unknown edge {h.get('edge')!r}")
         if f.kind == frames.DATA:
-            dst = self._edge_dst.get(h.get("edge"))
-            if dst is None:
-                raise FrameError(f"data frame for unknown edge {h.get('edge')!r}")
             self.clock.ts = h.get("ts") or 0.0
             dst.push(f.body, h["epoch"], ("x", h["edge"], j))
         elif f.kind == frames.MARKER:
-            dst = self._edge_dst.get(h.get("edge"))
-            if dst is None:
-                raise FrameError(f"marker for unknown edge {h.get('edge')!r}")
             dst.marker(("x", h["edge"], j), h["epoch"], h.get("wm"), bool(h.get("eos")))
+        elif f.kind == frames.EVENT:
+            if not isinstance(f.body, dict):
+                raise FrameError(f"event body is a {type(f.body).__name__}, not a map")
+            dst.event(("x", h["edge"], j), f.body)
         else:
             raise FrameError(f"unexpected frame kind {f.kind} on a data channel")
         n = self._pending_credits.get(j, 0) + 1
@@ -420,26 +603,23 @@ class Worker:
             n = 0
         self._pending_credits[j] = n
 
-    def _handle_ctrl(self, msg: dict) -> None:
-        t = msg.get("type")
-        if t == "abort":
-            raise RunFailed(f"run aborted by the coordinator: {msg.get('reason')}")
-        if t == "finish":
-            self._finish = True
-        elif t == "mode":
-            self.hooks.on_control(self, msg)
-
     def counters(self) -> dict:
         return {
             "worker": self.index,
             "read": sum(s.records_in for s in self.sources),
             "committed": sum(s.committed for s in self.sinks),
             "frontier": min([s.frontier for s in self.sinks] or [-1]),
+            "idle": bool(self.ops)
+            and all(s.finished for s in self.sources)
+            and all(s.frontier == EOS for s in self.sinks),
             "dead_letters": self.dead_letters,
         }
 
     def metrics(self) -> dict:
-        lat = [x for s in self.sinks for x in s.latencies]
+        lat = self._latencies + [x for s in self.sinks for x in s.latencies]
+        commits = [s.last_commit_at for s in self.sinks if s.last_commit_at is not None]
+        if self._last_commit_at is not None:
+            commits.append(self._last_commit_at)
         return {
             **self.counters(),
             "operators": {op.name: op.metrics() for op in self.ops},
@@ -447,9 +627,11 @@ class Worker:
             "bytes_sent": sum(c.bytes_sent for c in self.out.values()),
             "pid": os.getpid(),
             "attempt": self.attempt,
+            "generations": self.generations,
             "first_read_at": self.first_read_at,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "last_commit_at": max((s.last_commit_at for s in self.sinks), default=None),
+            "last_commit_at": max(commits, default=None),
+            "mode": self.hooks.metrics(self),
         }
 
     def _finished_locally(self) -> bool:
@@ -458,43 +640,70 @@ class Worker:
         return all(c.backlog == 0 for c in self.out.values())
 
     def run(self) -> dict:
-        peers = self._register()
-        self.ctrl_conn = channels.Connection(self.ctrl, "coordinator")
-        self.ctrl_conn.reader = self._ctrl_reader
+        self._register()
+        sel = None
         try:
             pipeline = load_pipeline(self.spec["pipeline_file"], self.spec.get("params"))
             p = plan(pipeline, self.workers)
-            self._build(p)
-            self._edge_dst = {r.edge: r.dst for r in self.routers}
-            self._connect_peers(peers["addresses"])
-            self.hooks.on_start(self)
+            peers = self._await_peers()
+            while not self._finish:
+                try:
+                    self._start_generation(peers, p)
+                    self._loop()
+                except Rejoin:
+                    pass
+                except (OSError, AuthError, PeerLost) as e:
+                    # a peer that died while this generation was set up: the coordinator
+                    # starts the next one; in a mode that cannot recover, the run fails
+                    if not self.hooks.recovers:
+                        raise RunFailed(f"worker {self.index}: {e}") from e
+                    log.warning("worker %s: generation %s ended: %s", self.index, self.gen, e)
+                self._drop_generation()
+                if self._finish:
+                    break
+                peers = self._await_peers()
         except Exception as e:
             self._report_error(e)
-            self.ctrl_conn.close()
             raise
+        finally:
+            if self._dl_file is not None:
+                self._dl_file.close()
+            for part in self._parts.values():
+                part.close()
+            self.hooks.close(self)
+            for c in [*self.out.values(), *self.inc.values(), self.ctrl_conn]:
+                c.close()
+            self.listener.close()
+            if sel is not None:
+                sel.close()
+        return {"worker": self.index, "attempt": self.attempt, "read": self.counters()["read"]}
+
+    def _loop(self) -> None:
+        """Runs the current generation until finish (returns) or a rejoin (raises Rejoin)."""
         sel = selectors.DefaultSelector()
         sel.register(self.ctrl_conn.sock, selectors.EVENT_READ, ("ctrl", -1, self.ctrl_conn))
         for j, c in self.inc.items():
             sel.register(c.sock, selectors.EVENT_READ, ("in", j, c))
         for j, c in self.out.items():
             sel.register(c.sock, selectors.EVENT_READ, ("out", j, c))
-        self._finish = False
         done_sent = False
-        next_beat = 0.0
-        active_sources = list(self.sources)
+        active_sources = [s for s in self.sources if not s.finished]
         start = time.time()
+        hooks = self.hooks
         try:
             while not self._finish:
+                if self._rejoin is not None:
+                    raise Rejoin(self._rejoin)
                 backlog = max((c.backlog for c in self.out.values()), default=0)
                 busy = bool(active_sources) and backlog < MAX_BACKLOG_FRAMES
                 for key, _ in sel.select(0 if busy else 0.002):
                     kind, j, conn = key.data
+                    if kind == "ctrl":
+                        self._read_ctrl()
+                        continue
                     try:
-                        got = conn.receive()
-                        for f in got:
-                            if kind == "ctrl":
-                                self._handle_ctrl(f.body)
-                            elif kind == "in":
+                        for f in conn.receive():
+                            if kind == "in":
                                 self._handle_data(j, f)
                             elif f.kind == frames.CREDIT:
                                 conn.grant(int(f.header.get("frames", 0)))
@@ -505,10 +714,8 @@ class Worker:
                         # coordinator hears why, and the mode decides what becomes of the run
                         sel.unregister(conn.sock)
                         conn.close()
-                        if kind == "ctrl":
-                            raise RunFailed(f"malformed frame from the coordinator: {e}") from e
                         log.error("worker %s closed its channel with worker %s: %s", self.index, j, e)
-                        self._send_ctrl(
+                        self.send_ctrl(
                             {
                                 "type": "error",
                                 "message": f"worker {self.index}: malformed frame from worker {j}, channel closed: {e}",
@@ -517,12 +724,12 @@ class Worker:
                     except ConnectionError as e:
                         sel.unregister(conn.sock)
                         conn.close()
-                        if kind == "ctrl":
-                            raise RunFailed(f"lost the coordinator: {e}") from e
                         if kind == "in" and self.inc_finished(j):
                             continue
                         if kind == "out" and done_sent:
                             continue
+                        if hooks.recovers:
+                            continue  # the coordinator sees the peer's end and says rejoin
                         raise RunFailed(f"worker {self.index}: channel with worker {j} closed: {e}") from e
                 if busy:
                     for s in list(active_sources):
@@ -531,32 +738,20 @@ class Worker:
                 for r in self.routers:
                     r.flush(self.linger_s)
                 for c in self.out.values():
-                    if c.out_bytes:
+                    if c.out_bytes and not c.closed:
                         c.flush()
                 for c in self.inc.values():
                     if c.out_bytes and not c.closed:
                         c.flush()
-                now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + HEARTBEAT_S
-                    self._send_ctrl({"type": "heartbeat", **self.counters()})
-                if not done_sent and not active_sources and self._finished_locally():
-                    self._send_ctrl({"type": "done", "metrics": self.metrics(), "seconds": time.time() - start})
+                hooks.poll(self)
+                if not done_sent and not active_sources and self._finished_locally() and hooks.can_finish(self):
+                    self.send_ctrl(
+                        {"type": "done", "gen": self.gen, "metrics": self.metrics(), "seconds": time.time() - start}
+                    )
                     done_sent = True
-                if self.ctrl_conn.out_bytes:
-                    self.ctrl_conn.flush()
-        except Exception as e:
-            self._report_error(e)
-            raise
+                self.keepalive()
         finally:
-            if self._dl_file is not None:
-                self._dl_file.close()
-            for op in self.sinks:
-                op.part.close()
-            for c in [*self.out.values(), *self.inc.values(), self.ctrl_conn]:
-                c.close()
             sel.close()
-        return {"worker": self.index, "attempt": self.attempt, "read": self.counters()["read"]}
 
     def _report_error(self, e: BaseException) -> None:
         """Tells the coordinator why this worker stops, before its connection drops."""

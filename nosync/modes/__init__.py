@@ -1,19 +1,27 @@
 """Fault-tolerance modes: one module each, behind one interface.
 
 A mode has two halves. `Mode` runs in the driver beside the coordinator: it decides what a
-lost worker means (fail the run, roll everyone back, recover one worker) and drives any
-coordination (checkpoints). `WorkerHooks` runs inside every worker, called by the worker loop
-at fixed points:
+lost worker means (fail the run, roll everyone back, recover one worker), drives any
+coordination (checkpoints) from `tick`, and reads its workers' messages (`on_message`).
+`WorkerHooks` runs inside every worker, called by the worker loop at fixed points:
 
-- `on_start(worker)`: before the first record; `worker.attempt > 0` means a restart;
-- `on_batch(op, epoch)`: after a stateful operator processed a batch (its `dirty` keys);
-- `on_frontier(op, epoch)`: an operator finished an epoch on all its inputs;
-- `on_control(worker, message)`: a coordinator message addressed to the mode;
-- `snapshot(op)` / `restore(op, state)`: an operator's state as msgpack-able data;
+- `on_start(worker, peers)`: a generation's operators are built, before the first record;
+  `peers` is the coordinator's message, with what the driver half added for this generation
+  (`Mode.on_generation`: which checkpoint to restore); `worker.attempt > 0` is a restart;
+- `on_event(op, channel, event)`: an in-band event (a barrier) reached an operator; the
+  default forwards it, a mode may block the channel (`op.block`) to align;
+- `on_control(worker, message)`: a coordinator message of type "mode";
+- `poll(worker)`: once per loop iteration (durable snapshots are acknowledged here);
+- `can_finish(worker)`: whether a worker whose input is exhausted may report done (a mode
+  that commits at checkpoints waits for its last commit);
 - `sink_commits_at_frontier`: whether sinks commit as soon as their frontier passes an
-  epoch (mode none), or only when the mode says (a checkpoint, a safe point).
+  epoch (mode none), or only when the mode says (a checkpoint, a safe point);
+- `tracks_dirty`: whether keyed operators collect the keys they change (`take_updates`).
 
-Reading `nosync/modes/<name>.py` tells that mode's whole story.
+Membership is the coordinator's: when a mode calls `coordinator.regroup`, every worker drops
+its data connections and joins a new generation (Spark's retry of a lost task joins it too),
+and `Mode.on_generation` says what each restores. Reading `nosync/modes/<name>.py` tells that
+mode's whole story.
 """
 
 from __future__ import annotations
@@ -26,39 +34,53 @@ MODES = ("none", "abs", "nosync", "replay")
 
 
 class WorkerHooks:
-    """The worker half of a mode. The defaults persist nothing."""
+    """The worker half of a mode. The defaults persist nothing and forward every event."""
 
     name = "base"
     sink_commits_at_frontier = True
     tracks_dirty = False
+    recovers = False
+    """Whether a lost peer is survivable: the worker waits to rejoin instead of failing."""
 
-    def on_start(self, worker: Any) -> None:
+    def __init__(self, options: dict | None = None) -> None:
+        self.options = dict(options or {})
+
+    def on_start(self, worker: Any, peers: dict) -> None:
         pass
 
-    def on_batch(self, op: Any, epoch: int) -> None:
-        pass
-
-    def on_frontier(self, op: Any, epoch: int) -> None:
-        pass
+    def on_event(self, op: Any, channel: Any, event: dict) -> None:
+        op.forward_event(event)
 
     def on_control(self, worker: Any, message: dict) -> None:
         pass
 
-    def snapshot(self, op: Any) -> Any:
-        return dict(op.state) if hasattr(op, "state") else None
+    def poll(self, worker: Any) -> None:
+        pass
 
-    def restore(self, op: Any, state: Any) -> None:
-        if hasattr(op, "state"):
-            op.state = dict(state)
+    def can_finish(self, worker: Any) -> bool:
+        return True
+
+    def metrics(self, worker: Any) -> dict:
+        return {}
+
+    def close(self, worker: Any) -> None:
+        pass
 
 
 class Mode:
     """The driver half of a mode."""
 
     name = "base"
+    hooks_class: type[WorkerHooks] = WorkerHooks
+    requires_replayable_sources = False
+    """Sources must be able to restart from a position (every source but TcpLines)."""
 
-    def worker_hooks(self) -> WorkerHooks:
-        return WorkerHooks()
+    def __init__(self, options: dict | None = None) -> None:
+        self.options = dict(options or {})
+
+    def worker_options(self) -> dict:
+        """What the worker half needs of this mode's options (msgpack-able)."""
+        return dict(self.options)
 
     def on_worker_lost(self, coordinator: Any, worker: int, attempt: int, reason: str) -> None:
         """A worker's control connection dropped or its heartbeats stopped."""
@@ -67,12 +89,46 @@ class Mode:
     def on_worker_registered(self, coordinator: Any, worker: int, attempt: int) -> None:
         """A worker (re)registered; attempt > 0 is a Spark retry of a failed task."""
 
+    def on_generation(self, coordinator: Any, gen: int) -> dict:
+        """Every worker joined generation `gen`: what the peers message adds for them."""
+        return {}
 
-def get_mode(name: str) -> Mode:
+    def on_ready(self, coordinator: Any, worker: int, gen: int) -> None:
+        """A worker started generation `gen` (restored, connected, about to process)."""
+
+    def on_message(self, coordinator: Any, worker: int, message: dict) -> None:
+        """A worker's control message of type "mode"."""
+
+    def tick(self, coordinator: Any) -> None:
+        """Called by the coordinator's loop about every 50 ms."""
+
+    def summary(self, coordinator: Any) -> dict:
+        """What the mode adds to the run's summary."""
+        return {}
+
+    def close(self, coordinator: Any) -> None:
+        """The run ended (finished or failed)."""
+
+
+def _mode_class(name: str) -> type[Mode]:
     if name == "none":
         from nosync.modes.none import NoneMode
 
-        return NoneMode()
+        return NoneMode
+    if name == "abs":
+        from nosync.modes.abs import AbsMode
+
+        return AbsMode
     if name in MODES:
-        raise NosyncError(f"mode '{name}' is not built yet; modes available now: none")
+        raise NosyncError(f"mode '{name}' is not built yet; modes available now: none, abs")
     raise NosyncError(f"unknown mode '{name}'; modes: {', '.join(MODES)}")
+
+
+def get_mode(name: str, options: dict | None = None) -> Mode:
+    """The driver half of mode `name`."""
+    return _mode_class(name)(options)
+
+
+def worker_hooks(name: str, options: dict | None = None) -> WorkerHooks:
+    """The worker half of mode `name`, with the options its driver half passed on."""
+    return _mode_class(name).hooks_class(options)

@@ -17,16 +17,19 @@ from nosync.modes import Mode, WorkerHooks
 class NoneHooks(WorkerHooks):
     name = "none"
 
-    def on_start(self, worker: Any) -> None:
+    def on_start(self, worker: Any, peers: dict) -> None:
         if worker.attempt > 0:
             raise RunFailed(f"worker {worker.index} restarted (attempt {worker.attempt}); mode none cannot recover")
 
 
 class NoneMode(Mode):
     name = "none"
+    hooks_class = NoneHooks
 
-    def worker_hooks(self) -> WorkerHooks:
-        return NoneHooks()
+    def on_worker_lost(self, coordinator: Any, worker: int, attempt: int, reason: str) -> None:
+        if worker in coordinator.done:
+            return  # its work is complete and committed: nothing of the run is lost
+        super().on_worker_lost(coordinator, worker, attempt, reason)
 
     def on_worker_registered(self, coordinator: Any, worker: int, attempt: int) -> None:
         if attempt > 0:

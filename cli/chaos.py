@@ -1,0 +1,90 @@
+"""`nosync chaos`: runs a pipeline with and without seeded SIGKILLs and judges exactly-once."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+import click
+
+from cli.common import parse_params
+
+
+@click.command("chaos")
+@click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), required=True)
+@click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--kills", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option(
+    "--out", type=click.Path(file_okay=False), default=None, help="Where the runs go (default: a new temp dir)."
+)
+@click.option("--epoch-records", type=click.IntRange(min=1), default=None)
+@click.option("--checkpoint-ms", type=click.IntRange(min=1), default=None)
+@click.option("--checkpoint-tier", type=click.Choice(["disk", "remote"]), default=None)
+@click.option("--master", default=None, help="Spark master URL (default: embedded).")
+@click.option("--timeout", type=click.IntRange(min=10), default=600, show_default=True, help="Seconds per run.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")
+def chaos_cmd(
+    pipeline_file,
+    mode,
+    workers,
+    kills,
+    seed,
+    out,
+    epoch_records,
+    checkpoint_ms,
+    checkpoint_tier,
+    master,
+    timeout,
+    as_json,
+    params,
+) -> None:
+    """Run PIPELINE_FILE without failures (twice) and with K SIGKILLs of workers; compare outputs.
+
+    Exit code 0 only when the committed output is exactly the reference's; 1 when records were
+    lost or duplicated; 3 when the pipeline is not deterministic (nothing judged)."""
+    from experiments.chaos import chaos
+    from nosync.errors import NosyncError
+
+    args = parse_params(params)
+    if "output" in args:
+        raise click.UsageError("chaos sets -p output=<run dir>/output for each run itself: drop -p output")
+    out = out or tempfile.mkdtemp(prefix="nosync-chaos-")
+    options = {
+        "epoch_records": epoch_records,
+        "checkpoint_ms": checkpoint_ms,
+        "checkpoint_tier": checkpoint_tier,
+        "master": master,
+    }
+
+    def progress(msg: str) -> None:
+        if not as_json:
+            click.echo(f"[chaos] {msg}", err=True)
+
+    try:
+        r = chaos(pipeline_file, mode, workers, kills, seed, args, out, options, timeout=timeout, progress=progress)
+    except NosyncError as e:
+        raise click.UsageError(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(r, sort_keys=True))
+    else:
+        if not r["deterministic"]:
+            click.echo("not deterministic: the two failure-free runs differ; nothing judged")
+            click.echo(json.dumps(r["reference_diff"], indent=1))
+        else:
+            rows = [
+                ("exactly_once", r["exactly_once"]),
+                ("lost", r["lost"]),
+                ("duplicated", r["duplicated"]),
+                ("kills", f"{r['kills']} of {r['kills_requested']}"),
+                ("recoveries", r["recoveries"]),
+                ("recovery_s", ", ".join("-" if x is None else f"{x:.2f}" for x in r["recovery_s"])),
+                ("records_reprocessed", ", ".join(str(x) for x in r["records_reprocessed"])),
+                ("runs", out),
+            ]
+            w = max(len(a) for a, _ in rows)
+            click.echo("\n".join(f"{a:<{w}}  {b}" for a, b in rows))
+    sys.exit(3 if not r["deterministic"] else 0 if r["exactly_once"] else 1)

@@ -1,0 +1,293 @@
+"""`nosync chaos`: the judge of exactly-once.
+
+A pipeline runs twice without failures (the reference, and a second run that proves the
+pipeline deterministic) and once with K seeded SIGKILLs of worker processes at random moments
+after the first completed checkpoint (or safe point). Each run is a real `nosync run` in its
+own process, with its own run directory under `--out` (`reference/`, `reference-2/`, `chaos/`)
+and its sinks writing to `<run dir>/output` (the command sets `-p output=...`: pipeline files
+take their sink directories from `args["output"]`, as the shipped workloads do).
+
+The committed output of every sink is compared: file sinks as multisets of records (a record
+is its JSON text with sorted keys), upsert sinks as final key-to-value maps. `lost` counts
+records (or keys) of the reference missing from the chaos run, or with another value;
+`duplicated` counts records (or keys) of the chaos run beyond the reference. If the two
+reference runs differ, the pipeline is reported as not deterministic and nothing is judged.
+
+Kills: the victim and the moment are drawn from `random.Random(seed)`. The first kill waits
+for the first completed checkpoint; each kill after it waits until the run is running again
+after the previous recovery, then a random delay within the reference's processing time
+spread over the kills. The victim's pid comes from the coordinator's events
+(`events.jsonl`: the newest registration of that worker).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from nosync.errors import NosyncError
+
+PROGRESS_EVENTS = ("checkpoint_completed", "safe_point")
+"""Events after which a kill can find something to recover from."""
+
+
+def canonical(record: Any) -> str:
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def committed_outputs(pipeline_file: str, params: dict) -> dict[str, tuple[str, Any]]:
+    """Per sink name: ("multiset", Counter of records) or ("map", {key: value}), or
+    ("unjudged", None) for sinks that keep nothing (Null, Console)."""
+    from nosync import sinks
+    from nosync.loader import load_pipeline
+
+    p = load_pipeline(pipeline_file, params)
+    out: dict[str, tuple[str, Any]] = {}
+    for node in p.sinks:
+        sink = node.params["sink"]
+        if isinstance(sink, sinks.Files):
+            out[node.name] = ("multiset", collections.Counter(canonical(r) for r in sink.read_committed()))
+        elif isinstance(sink, sinks.LevelDB):
+            out[node.name] = ("map", {canonical(k): canonical(v) for k, v in sink.read_committed().items()})
+        else:
+            out[node.name] = ("unjudged", None)
+    return out
+
+
+def compare(ref: dict, got: dict) -> dict:
+    """Lost and duplicated records of every sink of `got` against `ref`."""
+    per_sink = {}
+    for name, (kind, want) in ref.items():
+        have = got.get(name, (kind, None))[1]
+        if kind == "multiset":
+            have = have or collections.Counter()
+            lost = sum((want - have).values())
+            dup = sum((have - want).values())
+            per_sink[name] = {"kind": "files", "records": sum(want.values()), "lost": lost, "duplicated": dup}
+        elif kind == "map":
+            have = have or {}
+            missing = sum(1 for k in want if k not in have)
+            wrong = sum(1 for k, v in want.items() if k in have and have[k] != v)
+            extra = sum(1 for k in have if k not in want)
+            per_sink[name] = {
+                "kind": "upsert",
+                "keys": len(want),
+                "lost": missing + wrong,
+                "wrong_values": wrong,
+                "duplicated": extra,
+            }
+        else:
+            per_sink[name] = {"kind": "not judged (keeps no output)"}
+    return per_sink
+
+
+class Events:
+    """Follows a run's events.jsonl as it grows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pos = 0
+        self.seen: list[dict] = []
+
+    def poll(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self.pos)
+            data = f.read()
+        end = data.rfind("\n")
+        if end < 0:
+            return []
+        self.pos += len(data[: end + 1].encode("utf-8"))
+        new = [json.loads(line) for line in data[: end + 1].splitlines() if line.strip()]
+        self.seen.extend(new)
+        return new
+
+    def pid_of(self, worker: int) -> int | None:
+        regs = [e for e in self.seen if e["event"] == "registered" and e["worker"] == worker]
+        return regs[-1]["pid"] if regs else None
+
+
+def _run_cmd(pipeline_file: str, run_dir: str, mode: str, workers: int, params: dict, options: dict) -> list[str]:
+    cmd = [sys.executable, "-m", "cli.main", "run", pipeline_file, "--mode", mode, "--workers", str(workers)]
+    cmd += ["--run-dir", run_dir]
+    for k, v in options.items():
+        if v is not None:
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+    for k, v in {**params, "output": os.path.join(run_dir, "output")}.items():
+        cmd += ["-p", f"{k}={v}"]
+    return cmd
+
+
+def _start(cmd: list[str], log_path: str) -> subprocess.Popen:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by _finish
+    proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc._nosync_log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def _finish(proc: subprocess.Popen, run_dir: str, timeout: float) -> dict:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc._nosync_log.close()  # type: ignore[attr-defined]
+    summary_path = os.path.join(run_dir, "summary.json")
+    if proc.returncode != 0 or not os.path.exists(summary_path):
+        with open(os.path.join(run_dir + ".log"), encoding="utf-8") as f:
+            tail = [line for line in f.read().splitlines() if line.strip()][-5:]
+        raise NosyncError(f"the run in {run_dir} failed (exit {proc.returncode}): " + " | ".join(tail))
+    with open(summary_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_reference(
+    pipeline_file: str, run_dir: str, mode: str, workers: int, params: dict, options: dict, timeout: float
+) -> dict:
+    proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
+    return _finish(proc, run_dir, timeout)
+
+
+def run_chaos(
+    pipeline_file: str,
+    run_dir: str,
+    mode: str,
+    workers: int,
+    params: dict,
+    options: dict,
+    kills: int,
+    rng: random.Random,
+    span_s: float,
+    timeout: float,
+    progress: Any,
+) -> tuple[dict, list]:
+    """The run with kills; returns its summary and, per kill, (time, worker, pid, recovered_at)."""
+    proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
+    events = Events(os.path.join(run_dir, "events.jsonl"))
+    done: list[dict] = []
+    deadline = time.monotonic() + timeout
+    gap = max(0.05, span_s / (kills + 1))
+    try:
+        while len(done) < kills and proc.poll() is None and time.monotonic() < deadline:
+            events.poll()
+            # wait for something to recover from, and for the previous recovery to finish
+            last_regroup = max((i for i, e in enumerate(events.seen) if e["event"] == "regroup"), default=-1)
+            running_after = any(e["event"] == "running" for e in events.seen[last_regroup + 1 :])
+            progressed = any(e["event"] in PROGRESS_EVENTS for e in events.seen)
+            if not progressed or (last_regroup >= 0 and not running_after):
+                time.sleep(0.02)
+                continue
+            delay = rng.uniform(0, gap)
+            victim = rng.randrange(workers)
+            time.sleep(delay)
+            events.poll()
+            pid = events.pid_of(victim)
+            if proc.poll() is not None or pid is None:
+                break
+            if any(e["event"] == "finished" for e in events.seen):
+                break
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            kill = {"t": time.time(), "worker": victim, "pid": pid}
+            done.append(kill)
+            progress(f"killed worker {victim} (pid {pid})")
+            # the kill counts once the coordinator has seen it
+            while proc.poll() is None and time.monotonic() < deadline:
+                events.poll()
+                if any(
+                    e["event"] in ("regroup", "finished", "failed") and e["t"] >= kill["t"] - 0.5 for e in events.seen
+                ):
+                    break
+                time.sleep(0.02)
+        summary = _finish(proc, run_dir, max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events.poll()
+    for k in done:
+        back = [e["t"] for e in events.seen if e["event"] == "running" and e["t"] > k["t"]]
+        k["recovery_s"] = (back[0] - k["t"]) if back else None
+    return summary, done
+
+
+def chaos(
+    pipeline_file: str,
+    mode: str,
+    workers: int,
+    kills: int,
+    seed: int,
+    params: dict,
+    out: str,
+    options: dict | None = None,
+    timeout: float = 600.0,
+    progress: Any = lambda msg: None,
+) -> dict:
+    if mode == "none":
+        raise NosyncError("mode none does not recover: a kill fails the run. chaos judges abs, nosync and replay")
+    if kills < 1:
+        raise NosyncError(f"--kills must be at least 1, got {kills}")
+    pipeline_file = os.path.abspath(pipeline_file)
+    out = os.path.abspath(out)
+    if os.path.exists(out) and os.listdir(out):
+        raise NosyncError(f"--out {out} is not empty: chaos keeps its runs there, give an empty or new directory")
+    os.makedirs(out, exist_ok=True)
+    options = dict(options or {})
+    dirs = {name: os.path.join(out, name) for name in ("reference", "reference-2", "chaos")}
+
+    def outputs(run_dir: str) -> dict:
+        return committed_outputs(pipeline_file, {**params, "output": os.path.join(run_dir, "output")})
+
+    progress("reference run")
+    ref_summary = run_reference(pipeline_file, dirs["reference"], mode, workers, params, options, timeout)
+    progress("second reference run (determinism)")
+    run_reference(pipeline_file, dirs["reference-2"], mode, workers, params, options, timeout)
+    ref = outputs(dirs["reference"])
+    again = compare(ref, outputs(dirs["reference-2"]))
+    result: dict[str, Any] = {
+        "pipeline": pipeline_file,
+        "mode": mode,
+        "workers": workers,
+        "seed": seed,
+        "kills_requested": kills,
+        "reference": dirs["reference"],
+        "chaos": dirs["chaos"],
+    }
+    if any(s.get("lost") or s.get("duplicated") for s in again.values()):
+        result.update(deterministic=False, exactly_once=None, judged=False, reference_diff=again)
+        return result
+    rng = random.Random(seed)
+    span = float(ref_summary.get("processing_s") or 1.0)
+    progress(f"chaos run: {kills} kill(s), seed {seed}")
+    summary, done = run_chaos(
+        pipeline_file, dirs["chaos"], mode, workers, params, options, kills, rng, span, timeout, progress
+    )
+    per_sink = compare(ref, outputs(dirs["chaos"]))
+    lost = sum(s.get("lost", 0) for s in per_sink.values())
+    dup = sum(s.get("duplicated", 0) for s in per_sink.values())
+    judged = any("lost" in s for s in per_sink.values())
+    result.update(
+        deterministic=True,
+        judged=judged,
+        exactly_once=judged and lost == 0 and dup == 0,
+        lost=lost,
+        duplicated=dup,
+        kills=len(done),
+        recoveries=len(summary.get("recoveries") or []),
+        recovery_s=[k["recovery_s"] for k in done],
+        records_reprocessed=[r.get("records_reprocessed") for r in summary.get("recoveries") or []],
+        sinks=per_sink,
+        killed=[{"worker": k["worker"], "pid": k["pid"]} for k in done],
+    )
+    return result

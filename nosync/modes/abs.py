@@ -1,0 +1,421 @@
+"""Mode `abs`: asynchronous barrier snapshots (Carbone et al. 2015), as Flink does them.
+
+Steady state. The driver's `CheckpointCoordinator` triggers checkpoint n every
+`checkpoint_ms` (at most `max_concurrent` at once): every worker's sources record their
+positions and emit barrier n, in-band, on all their outputs. An operator instance that gets
+barrier n on one input blocks that input (what arrives on it is held, never dropped) until
+barrier n has arrived on every input — alignment; an instance with one input never waits.
+Then it snapshots: the keyed updates since its previous snapshot (changed keys, deleted keys
+as tombstones) are appended to its `lsm` store at seq n — the synchronous part, a msgpack
+copy of the changed values — and persisted by the store's background thread while processing
+resumes at once; the rest of its state (frontiers, watermarks, window bookkeeping, source
+positions) is a small map. Sinks pre-commit: what they staged goes durably into their staging
+area. The instance forwards barrier n on all outputs and unblocks. A worker acknowledges n
+once all its instances snapshotted it and their stores are durable on the configured tier
+(disk, or remote). Checkpoint n completes when every worker has acknowledged: its metadata is
+written atomically (`nosync/checkpoints.py`), then every sink commits what it pre-committed up
+to n. A checkpoint not complete within `timeout_ms` is aborted and counted; a later one that
+completes commits its pre-commits too. Once every worker's input is exhausted, a last
+checkpoint is triggered at once, so the run ends as soon as its output is committed.
+
+Recovery. A lost worker makes the coordinator start a new generation: every worker drops its
+data connections and in-flight data, and all of them — the survivors in place, Spark's retry
+of the lost task from scratch — restore the last completed checkpoint: keyed stores rolled
+back to its seq and loaded, the rest from its metadata, sinks committing its pre-commits
+(idempotently) and discarding later staging, sources rewound to its positions. A damaged
+metadata file makes recovery fall back to the previous completed checkpoint, and say so
+(sinks then retract output committed after it, so nothing is duplicated); a keyed snapshot
+missing from its store, or a store that is corrupt, fails the run naming the file. `run
+--resume RUN_DIR` restores the same way after the driver itself died.
+
+The dataflow's only cycles are `iterate` loops, whose bodies run synchronously inside one
+worker: a barrier reaches an iterate operator only between two of its batches, when nothing
+is in flight on the back-edge, so there is nothing for Chandy-Lamport recording to record
+until loop bodies cross workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from nosync import checkpoints
+from nosync.errors import RunFailed
+from nosync.modes import Mode, WorkerHooks
+from nosync.operators import SinkOp
+
+log = logging.getLogger("nosync.abs")
+
+RETENTION = 64
+"""Checkpoint ids each keyed store keeps versions of: a rollback may go this far back."""
+KEEP_FILES = 3
+"""Completed checkpoint files kept in the run directory (the newest, and fallbacks)."""
+
+
+def state_path(run_dir: str, worker: int, operator: str) -> str:
+    return os.path.join(run_dir, "state", f"w{worker}", operator)
+
+
+# -- the worker half -------------------------------------------------------------------
+
+
+class AbsHooks(WorkerHooks):
+    name = "abs"
+    sink_commits_at_frontier = False
+    tracks_dirty = True
+    recovers = True
+
+    def __init__(self, options: dict | None = None) -> None:
+        super().__init__(options)
+        self.tier = self.options.get("checkpoint_tier", "disk")
+        self.stores: dict[str, Any] = {}
+        self.pending: dict[int, dict] = {}
+        self.align: dict[str, dict[int, dict]] = {}
+        self.acked = 0
+        self.worker: Any = None
+
+    # -- restore ---------------------------------------------------------------------
+
+    def _open_stores(self, worker: Any) -> None:
+        import lsm
+
+        for op in worker.ops:
+            if hasattr(op, "take_updates") and op.name not in self.stores:
+                path = state_path(worker.spec["run_dir"], worker.index, op.name)
+                try:
+                    self.stores[op.name] = lsm.Store(path, retention=RETENTION)
+                except lsm.LsmError as e:
+                    raise RunFailed(f"worker {worker.index}: the state of operator '{op.name}': {e}") from e
+
+    def on_start(self, worker: Any, peers: dict) -> None:
+        self.worker = worker
+        self.pending = {}
+        self.align = {}
+        self._open_stores(worker)
+        restore = peers.get("restore")
+        if restore is None:
+            return  # a fresh run: nothing to restore
+        c = int(restore["checkpoint"])
+        metas: dict = {}
+        if c >= 0:
+            body = checkpoints.read(restore["path"])
+            metas = body["workers"][worker.index]["ops"]
+        for op in worker.ops:
+            store = self.stores.get(op.name)
+            if store is not None:
+                if store.last_seq < c:
+                    raise RunFailed(
+                        f"worker {worker.index}: the snapshot of checkpoint {c} of operator '{op.name}' is "
+                        f"missing from its store {store.path} (it ends at seq {store.last_seq})"
+                    )
+                store.rollback(c)
+                if c >= 0:
+                    op.restore_keyed(store.scan(), worker.keepalive)
+            meta = metas.get(op.name)
+            if meta is not None:
+                op.restore_meta(meta)
+            if isinstance(op, SinkOp):
+                op.recover(c, list(meta["precommitted"]) if meta is not None else [])
+            worker.keepalive()
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def _entry(self, n: int) -> dict:
+        p = self.pending.get(n)
+        if p is None:
+            p = self.pending[n] = {
+                "left": {op.name for op in self.worker.ops if not op.node.params.get("loop_internal")},
+                "ops": {},
+                "instances": [],
+                "stores": [],
+            }
+        return p
+
+    def _snapshot(self, op: Any, n: int, align_s: float = 0.0, held: int = 0) -> None:
+        t = time.perf_counter()
+        if isinstance(op, SinkOp):
+            op.precommit(n)
+        meta = op.snapshot_meta()
+        size = 0
+        store = self.stores.get(op.name)
+        if store is not None:
+            updates, size = op.take_updates()
+            if n > store.last_seq:
+                store.append(n, updates)
+                store.persist(self.tier)
+        p = self._entry(n)
+        p["ops"][op.name] = meta
+        p["left"].discard(op.name)
+        sync_s = time.perf_counter() - t
+        row = {"operator": op.name, "align_ms": align_s * 1000, "held": held, "sync_ms": sync_s * 1000, "bytes": size}
+        if store is not None:
+            p["stores"].append((store, row, time.perf_counter()))
+        p["instances"].append(row)
+
+    def on_control(self, worker: Any, message: dict) -> None:
+        op = message.get("op")
+        n = int(message.get("n", -1))
+        if op == "trigger":
+            ev = {"barrier": n}
+            for src in worker.sources:
+                self._snapshot(src, n)
+                src.forward_event(ev)
+        elif op == "complete":
+            for s in worker.sinks:
+                s.commit_checkpoint(n)
+        elif op == "abort":
+            self.pending.pop(n, None)
+
+    def on_event(self, op: Any, channel: Any, event: dict) -> None:
+        n = event.get("barrier")
+        if n is None:
+            op.forward_event(event)
+            return
+        if len(op.inputs) <= 1:
+            self._snapshot(op, n)
+            op.forward_event(event)
+            return
+        waits = self.align.setdefault(op.name, {})
+        a = waits.get(n)
+        if a is None:
+            a = waits[n] = {"chans": set(), "t0": time.perf_counter()}
+        a["chans"].add(channel)
+        op.block(channel)
+        if len(a["chans"]) == len(op.inputs):
+            del waits[n]
+            self._snapshot(op, n, time.perf_counter() - a["t0"], op.held_records)
+            op.forward_event(event)
+            op.unblock()
+
+    def poll(self, worker: Any) -> None:
+        if not self.pending:
+            return
+        for n in sorted(self.pending):
+            p = self.pending[n]
+            if p["left"]:
+                return
+            now = time.perf_counter()
+            for store, row, t in p["stores"]:
+                if store.durable(self.tier) < n:
+                    err = store.error
+                    if err is not None:
+                        log.warning("checkpoint %s: %s", n, err)
+                    return
+                row.setdefault("async_ms", (now - t) * 1000)
+            del self.pending[n]
+            self.acked += 1
+            worker.send_ctrl(
+                {
+                    "type": "mode",
+                    "op": "ack",
+                    "n": n,
+                    "gen": worker.gen,
+                    "ops": p["ops"],
+                    "instances": p["instances"],
+                    "read": sum(s.records_in for s in worker.sources),
+                }
+            )
+
+    def can_finish(self, worker: Any) -> bool:
+        return not self.pending and not any(s.uncommitted for s in worker.sinks)
+
+    def metrics(self, worker: Any) -> dict:
+        return {
+            "checkpoints_acked": self.acked,
+            "store_backpressure_s": sum(s.stats.backpressure_s for s in self.stores.values()),
+        }
+
+    def close(self, worker: Any) -> None:
+        for s in self.stores.values():
+            try:
+                s.close()
+            except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+                log.exception("closing %s", s.path)
+        self.stores = {}
+
+
+# -- the driver half -------------------------------------------------------------------
+
+
+class AbsMode(Mode):
+    """The CheckpointCoordinator, and recovery by global rollback."""
+
+    name = "abs"
+    hooks_class = AbsHooks
+    requires_replayable_sources = True
+
+    def __init__(self, options: dict | None = None) -> None:
+        super().__init__(options)
+        o = self.options
+        self.interval_s = o.get("checkpoint_ms", 1000) / 1000
+        self.timeout_s = o.get("checkpoint_timeout_ms", 60_000) / 1000
+        self.max_concurrent = o.get("max_concurrent_checkpoints", 1)
+        self.run_dir = o.get("run_dir")
+        self.pipeline = o.get("pipeline")
+        self.resume = bool(o.get("resume"))
+        ids = checkpoints.completed(self.run_dir) if self.run_dir else []
+        self.next_id = (ids[-1] + 1) if ids else 1
+        self.latest = ids[-1] if ids else -1
+        self.pending: dict[int, dict] = {}
+        self.last_trigger = 0.0
+        self.completed_rows: list[dict] = []
+        self.instance_rows: list[dict] = []
+        self.aborted = 0
+        self.read_at: dict[int, int] = {}
+        self.recoveries: list[dict] = []
+        self.fallbacks: list[str] = []
+
+    def worker_options(self) -> dict:
+        return {"checkpoint_tier": self.options.get("checkpoint_tier", "disk")}
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def tick(self, coord: Any) -> None:
+        if not coord.all_ready:
+            return
+        now = time.monotonic()
+        for n, p in list(self.pending.items()):
+            if now - p["t0"] > self.timeout_s:
+                self._abort(coord, n, f"not complete after {self.timeout_s:.0f}s")
+        if len(self.pending) >= self.max_concurrent:
+            return
+        due = now - self.last_trigger >= self.interval_s
+        idle = len(coord.counters) == coord.workers and all(
+            c.get("idle") and c.get("gen") == coord.gen for c in coord.counters.values()
+        )
+        if idle and not self.pending and self.last_trigger < self._idle_since(coord, idle):
+            due = True
+        if due:
+            self._trigger(coord, now)
+
+    def _idle_since(self, coord: Any, idle: bool) -> float:
+        if not idle:
+            self._idle_at = None
+            return float("inf")
+        if getattr(self, "_idle_at", None) is None:
+            self._idle_at = time.monotonic()
+        return self._idle_at
+
+    def _trigger(self, coord: Any, now: float) -> None:
+        n = self.next_id
+        self.next_id += 1
+        self.last_trigger = now
+        self.pending[n] = {"t0": now, "acks": {}, "wall": time.time()}
+        coord.broadcast({"type": "mode", "op": "trigger", "n": n, "gen": coord.gen})
+
+    def _abort(self, coord: Any, n: int, reason: str) -> None:
+        self.pending.pop(n, None)
+        self.aborted += 1
+        coord.event("checkpoint_aborted", checkpoint=n, reason=reason)
+        coord.broadcast({"type": "mode", "op": "abort", "n": n, "gen": coord.gen})
+
+    def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        if msg.get("op") != "ack" or msg.get("gen") != coord.gen:
+            return
+        n = int(msg["n"])
+        p = self.pending.get(n)
+        if p is None:
+            return
+        p["acks"][worker] = msg
+        if len(p["acks"]) == coord.workers:
+            self._complete(coord, n, p)
+
+    def _complete(self, coord: Any, n: int, p: dict) -> None:
+        workers = {w: {"ops": a["ops"]} for w, a in p["acks"].items()}
+        checkpoints.write(self.run_dir, n, checkpoints.body(self.pipeline, n, workers))
+        del self.pending[n]
+        for older in [c for c in self.pending if c < n]:
+            self._abort(coord, older, f"subsumed by checkpoint {n}")
+        self.latest = n
+        duration = (time.monotonic() - p["t0"]) * 1000
+        size = 0
+        stall = 0.0
+        for w, a in p["acks"].items():
+            for row in a["instances"]:
+                self.instance_rows.append({"checkpoint": n, "worker": w, **row})
+                size += row.get("bytes", 0)
+                stall = max(stall, row.get("align_ms", 0.0))
+        self.read_at[n] = sum(a.get("read", 0) for a in p["acks"].values())
+        self.completed_rows.append(
+            {"checkpoint": n, "triggered_at": p["wall"], "duration_ms": duration, "bytes": size, "align_ms_max": stall}
+        )
+        coord.event("checkpoint_completed", checkpoint=n, duration_ms=round(duration, 2), bytes=size)
+        coord.broadcast({"type": "mode", "op": "complete", "n": n, "gen": coord.gen})
+        checkpoints.prune(self.run_dir, KEEP_FILES)
+
+    # -- recovery ----------------------------------------------------------------------
+
+    def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
+        now = time.time()
+        beat = coord.last_beat.get(worker)
+        read_now = sum(c.get("read", 0) for c in coord.counters.values())
+        self.recoveries.append(
+            {
+                "worker": worker,
+                "attempt": attempt,
+                "reason": reason,
+                "lost_at": now,
+                "detection_s": None if beat is None else max(0.0, time.monotonic() - beat),
+                "read_at_loss": read_now,
+            }
+        )
+        for n in list(self.pending):
+            self._abort(coord, n, f"worker {worker} lost")
+        coord.regroup(f"worker {worker} (attempt {attempt}) was lost: {reason}")
+
+    def on_generation(self, coord: Any, gen: int) -> dict:
+        if gen == 0 and not self.resume:
+            return {}
+        c, body, errors = checkpoints.latest_valid(self.run_dir)
+        for e in errors:
+            msg = f"{e}; falling back to an earlier checkpoint"
+            log.warning(msg)
+            self.fallbacks.append(str(e))
+            coord.event("checkpoint_fallback", error=str(e))
+        if body is not None and body.get("pipeline") != self.pipeline:
+            raise RunFailed(
+                f"{checkpoints.path_of(self.run_dir, c)} is a checkpoint of pipeline '{body.get('pipeline')}', "
+                f"not '{self.pipeline}'"
+            )
+        self.latest = c
+        if self.recoveries and "checkpoint" not in self.recoveries[-1]:
+            r = self.recoveries[-1]
+            r["checkpoint"] = c
+            r["records_reprocessed"] = max(0, r["read_at_loss"] - self.read_at.get(c, 0))
+        coord.event("restore", checkpoint=c)
+        return {"restore": {"checkpoint": c, "path": checkpoints.path_of(self.run_dir, c) if c >= 0 else None}}
+
+    def on_ready(self, coord: Any, worker: int, gen: int) -> None:
+        if coord.all_ready:
+            self.last_trigger = time.monotonic()
+            for r in self.recoveries:
+                if "restored_at" not in r:
+                    r["restored_at"] = time.time()
+                    r["restore_s"] = r["restored_at"] - r["lost_at"]
+
+    def summary(self, coord: Any) -> dict:
+        durations = sorted(r["duration_ms"] for r in self.completed_rows)
+
+        def pct(q: float) -> float | None:
+            if not durations:
+                return None
+            return durations[min(len(durations) - 1, int(q * len(durations)))]
+
+        return {
+            "checkpoints_completed": len(self.completed_rows),
+            "checkpoints_aborted": self.aborted,
+            "checkpoint_ms_p50": pct(0.5),
+            "checkpoint_ms_p99": pct(0.99),
+            "checkpoint_bytes": sum(r["bytes"] for r in self.completed_rows),
+            "stall_ms_max": max((r.get("align_ms", 0.0) for r in self.instance_rows), default=0.0),
+            "sync_ms_max": max((r.get("sync_ms", 0.0) for r in self.instance_rows), default=0.0),
+            "held_records_max": max((r.get("held", 0) for r in self.instance_rows), default=0),
+            "recoveries": [{k: v for k, v in r.items() if k not in ("read_at_loss",)} for r in self.recoveries],
+            "checkpoint_fallbacks": self.fallbacks,
+        }
+
+    def tables(self) -> dict[str, list[dict]]:
+        """Rows of checkpoints.parquet and checkpoint_instances.parquet."""
+        return {"checkpoints": self.completed_rows, "checkpoint_instances": self.instance_rows}
