@@ -97,3 +97,84 @@ def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, 
     click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
     if not as_json:
         click.echo(throughput.render(result))
+
+
+def _modes(value: str) -> list[str]:
+    modes = [m.strip() for m in value.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("none", "abs", "nosync", "replay")]
+    if bad or not modes:
+        raise click.BadParameter(f"modes are none, abs, nosync, replay (comma-separated), got {value!r}")
+    return modes
+
+
+@bench.command("compare")
+@click.option("--modes", default="none,abs", show_default=True, help="Comma-separated modes; none is the limit.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
+@click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Zipf exponent of keys.")
+@click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept per mode.")
+@click.option("--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--master", default=None, help="Spark master (default: embedded local[W,F]).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, master, as_json) -> None:
+    """keyed_count under each mode, with each mode's ratio to mode none, in one command."""
+    from experiments.bench import compare
+    from nosync.errors import NosyncError, RunFailed
+
+    try:
+        result = compare.run(
+            _modes(modes),
+            workers,
+            records,
+            keys,
+            skew=skew,
+            reps=reps,
+            master=master,
+            checkpoint_ms=checkpoint_ms,
+            progress=lambda m: click.echo(f"[bench compare] {m}", err=True),
+        )
+    except RunFailed as e:
+        click.echo(f"error: run failed: {e}", err=True)
+        sys.exit(1)
+    except NosyncError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
+    if not as_json:
+        click.echo(compare.render(result))
+
+
+@bench.command("recovery")
+@click.option("--modes", default="abs", show_default=True, help="Comma-separated modes that recover.")
+@click.option("--workers", type=click.IntRange(min=2), default=2, show_default=True)
+@click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(2M, 4 x keys).")
+@click.option("--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--master", default=None, help="Spark master (default: embedded local[W,F]).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json) -> None:
+    """Kills one worker mid-run; prints recovery time and records reprocessed per mode."""
+    from experiments.bench import recovery
+    from nosync.errors import NosyncError, RunFailed
+
+    picked = _modes(modes)
+    if "none" in picked:
+        raise click.UsageError("mode none does not recover; give modes that do (abs, nosync, replay)")
+    try:
+        result = recovery.run(
+            picked,
+            workers,
+            keys,
+            records=records,
+            master=master,
+            checkpoint_ms=checkpoint_ms,
+            progress=lambda m: click.echo(f"[bench recovery] {m}", err=True),
+        )
+    except RunFailed as e:
+        click.echo(f"error: run failed: {e}", err=True)
+        sys.exit(1)
+    except NosyncError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
+    if not as_json:
+        click.echo(recovery.render(result))

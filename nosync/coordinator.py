@@ -62,6 +62,8 @@ class Coordinator:
         self.ready: set[int] = set()
         self.peers_sent = -1
         self.regroups = 0
+        self.silent_s: float | None = None
+        """How long the worker lost last had been silent (since its last heartbeat)."""
         self.events: list[dict] = []
         self.refused = 0
         self.failure: str | None = None
@@ -248,7 +250,8 @@ class Coordinator:
         if self.conns.get(w) is not conn:
             return
         del self.conns[w]
-        self.last_beat.pop(w, None)
+        beat = self.last_beat.pop(w, None)
+        self.silent_s = None if beat is None else time.monotonic() - beat
         if self.finished or self.failure is not None:
             return
         self.event("worker_lost", worker=w, attempt=self.attempts.get(w, 0), reason=reason)

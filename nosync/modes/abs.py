@@ -50,6 +50,8 @@ log = logging.getLogger("nosync.abs")
 
 RETENTION = 64
 """Checkpoint ids each keyed store keeps versions of: a rollback may go this far back."""
+LOCK_WAIT_S = 30.0
+"""How long a restarting worker waits for the store lock of a previous attempt to go."""
 KEEP_FILES = 3
 """Completed checkpoint files kept in the run directory (the newest, and fallbacks)."""
 
@@ -84,10 +86,19 @@ class AbsHooks(WorkerHooks):
         for op in worker.ops:
             if hasattr(op, "take_updates") and op.name not in self.stores:
                 path = state_path(worker.spec["run_dir"], worker.index, op.name)
-                try:
-                    self.stores[op.name] = lsm.Store(path, retention=RETENTION)
-                except lsm.LsmError as e:
-                    raise RunFailed(f"worker {worker.index}: the state of operator '{op.name}': {e}") from e
+                deadline = time.monotonic() + LOCK_WAIT_S
+                while True:
+                    try:
+                        self.stores[op.name] = lsm.Store(path, retention=RETENTION)
+                        break
+                    except lsm.StoreLockedError as e:
+                        # the process of an attempt that is being killed may still hold it
+                        if time.monotonic() > deadline:
+                            raise RunFailed(f"worker {worker.index}: the state of operator '{op.name}': {e}") from e
+                        worker.keepalive()
+                        time.sleep(0.1)
+                    except lsm.LsmError as e:
+                        raise RunFailed(f"worker {worker.index}: the state of operator '{op.name}': {e}") from e
 
     def on_start(self, worker: Any, peers: dict) -> None:
         self.worker = worker
@@ -349,7 +360,6 @@ class AbsMode(Mode):
 
     def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
         now = time.time()
-        beat = coord.last_beat.get(worker)
         read_now = sum(c.get("read", 0) for c in coord.counters.values())
         self.recoveries.append(
             {
@@ -357,7 +367,7 @@ class AbsMode(Mode):
                 "attempt": attempt,
                 "reason": reason,
                 "lost_at": now,
-                "detection_s": None if beat is None else max(0.0, time.monotonic() - beat),
+                "detection_s": coord.silent_s,
                 "read_at_loss": read_now,
             }
         )

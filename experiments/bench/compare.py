@@ -1,0 +1,113 @@
+"""`nosync bench compare`: the same workload under several modes, measured in one command.
+
+`keyed_count` (generated records over K keys, key_by, a running count per key, committed to
+Parquet files) runs under each mode on one embedded Spark session, the modes taken in turn for
+`reps` rounds, each mode's best round kept: mode `none` is the limit the others are divided
+by, so it gets the same chances (warm Spark, same data, same files) as they do. Per mode:
+records_per_s (first record read to last committed), latency p50/p99 (ingest to commit),
+stall_ms_max (the longest time an operator could not process available input because of
+fault tolerance: in abs, alignment), checkpoint_ms_p50/p99, bytes persisted, and the ratio of
+records_per_s to mode none's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKLOAD = os.path.join(os.path.dirname(HERE), "workloads", "keyed_count.py")
+FIELDS = (
+    "records_per_s",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "stall_ms_max",
+    "checkpoint_ms_p50",
+    "checkpoint_ms_p99",
+    "checkpoint_bytes",
+    "checkpoints_completed",
+    "processing_s",
+)
+BARS = {"abs": 0.85}
+
+
+def run(
+    modes: list[str],
+    workers: int,
+    records: int,
+    keys: int,
+    skew: float = 0.0,
+    reps: int = 2,
+    master: str | None = None,
+    checkpoint_ms: int = 1000,
+    progress: Any = lambda m: None,
+) -> dict:
+    from nosync.runner import run as run_pipeline
+    from nosync.spark_host import get_spark
+
+    spark = get_spark(master, workers)
+    best: dict[str, dict] = {}
+    work = tempfile.mkdtemp(prefix="nosync-bench-compare-")
+    try:
+        for rep in range(reps):
+            for mode in modes:
+                progress(f"round {rep + 1}/{reps}: mode {mode}")
+                d = os.path.join(work, f"{mode}-{rep}")
+                result = run_pipeline(
+                    WORKLOAD,
+                    mode=mode,
+                    workers=workers,
+                    spark=spark,
+                    run_dir=d,
+                    checkpoint_ms=checkpoint_ms,
+                    params={"records": str(records), "keys": str(keys), "skew": str(skew), "output": d + "/out"},
+                )
+                s = result.summary
+                if s["records_committed"] != records:
+                    raise AssertionError(f"mode {mode}: {s['records_committed']} of {records} records committed")
+                row = {f: s.get(f) for f in FIELDS}
+                if mode == "none":
+                    row["stall_ms_max"] = 0.0
+                    row["checkpoint_bytes"] = 0
+                if mode not in best or row["records_per_s"] > best[mode]["records_per_s"]:
+                    best[mode] = row
+                shutil.rmtree(d, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out: dict[str, Any] = {
+        "workload": "keyed_count",
+        "workers": workers,
+        "records": records,
+        "keys": keys,
+        "skew": skew,
+        "reps": reps,
+        "checkpoint_ms": checkpoint_ms,
+        "modes": best,
+    }
+    base = best.get("none", {}).get("records_per_s")
+    if base:
+        for mode, row in best.items():
+            row["ratio_to_none"] = row["records_per_s"] / base
+            if mode in BARS:
+                row["bar"] = f">= {BARS[mode]}"
+                row["bar_ok"] = row["ratio_to_none"] >= BARS[mode]
+    return out
+
+
+def render(r: dict) -> str:
+    def fmt(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
+    modes = list(r["modes"])
+    fields = ["records_per_s", "ratio_to_none", *[f for f in FIELDS if f != "records_per_s"]]
+    w = max(len(f) for f in fields)
+    lines = [f"{'':<{w}}  " + "  ".join(f"{m:>14}" for m in modes)]
+    for f in fields:
+        lines.append(f"{f:<{w}}  " + "  ".join(f"{fmt(r['modes'][m].get(f)):>14}" for m in modes))
+    return "\n".join(lines)

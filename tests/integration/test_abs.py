@@ -1,0 +1,286 @@
+"""Mode abs under real SIGKILLs of real processes, on embedded Spark.
+
+- `nosync chaos --mode abs` says exactly-once for every shipped workload, W = 2 and 3, 1 to 3
+  kills (a few combinations here; the whole grid, with more seeds, under `make soak`);
+- two kills close together: the retry of the first is killed while it restores;
+- the driver itself is killed, and `nosync run --resume` finishes the run from its last
+  completed checkpoint;
+- the newest checkpoint's metadata is damaged before a kill: recovery falls back to the one
+  before it, says so, and the output is still exactly-once;
+- `--max-restarts` bounds the recoveries; a source that cannot restart is refused at start.
+
+Expected outputs of keyed_count are computed here from the generator's definition (record i
+is the key str(i % keys)), never taken from a run.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments.chaos import Events, chaos
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
+NOSYNC = [sys.executable, "-m", "cli.main"]
+
+
+def keyed_count_expected(records: int, keys: int) -> collections.Counter:
+    """Every (key, n) the running count emits: n = 1..(records of that key), each once."""
+    per_key = collections.Counter(str(i % keys) for i in range(records))
+    return collections.Counter((k, n) for k, total in per_key.items() for n in range(1, total + 1))
+
+
+def committed_pairs(directory: str) -> collections.Counter:
+    import nosync as ns
+
+    return collections.Counter(tuple(r) for r in ns.sinks.Files(directory).read_committed())
+
+
+def big_text(path, lines: int) -> str:
+    words = "the quick brown fox jumps over the lazy dog and then some more words follow".split()
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(lines):
+            f.write(" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 5)) + "\n")
+    return str(path)
+
+
+def workload_params(name: str, tmp_path) -> dict:
+    if name == "wordcount":
+        return {"input": big_text(tmp_path / "text.txt", 250_000)}
+    if name == "keyed_count":
+        return {"records": "1500000", "keys": "20000"}
+    return {"bids": "500000"}
+
+
+CASES = [("wordcount", 2, 1), ("keyed_count", 3, 2), ("nexmark", 2, 3), ("nexmark", 3, 1)]
+
+
+@pytest.mark.parametrize(("workload", "workers", "kills"), CASES)
+def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
+    r = chaos(
+        os.path.join(WORKLOADS, f"{workload}.py"),
+        "abs",
+        workers,
+        kills,
+        seed=11 * workers + kills,
+        params=workload_params(workload, tmp_path),
+        out=str(tmp_path / "chaos"),
+    )
+    assert r["deterministic"], r
+    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
+    assert r["recoveries"] == kills, r
+    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
+    assert r["exactly_once"] is True
+
+
+SOAK = [
+    (w, n, k, seed)
+    for w in ("wordcount", "keyed_count", "nexmark")
+    for n in (2, 3)
+    for k in (1, 2, 3)
+    for seed in (1, 2)
+]
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
+    r = chaos(
+        os.path.join(WORKLOADS, f"{workload}.py"),
+        "abs",
+        workers,
+        kills,
+        seed=seed,
+        params=workload_params(workload, tmp_path),
+        out=str(tmp_path / "chaos"),
+    )
+    assert r["kills"] == kills and r["exactly_once"] is True, r
+
+
+# -- runs driven by hand -----------------------------------------------------------------
+
+
+def start_run(run_dir, *extra: str, records: int, keys: int, out) -> subprocess.Popen:
+    cmd = [
+        *NOSYNC,
+        "run",
+        os.path.join(WORKLOADS, "keyed_count.py"),
+        "--mode",
+        "abs",
+        "--workers",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        *extra,
+        "-p",
+        f"records={records}",
+        "-p",
+        f"keys={keys}",
+        "-p",
+        f"output={out}",
+    ]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_event(events: Events, proc: subprocess.Popen, pred, timeout: float, what: str) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in events.poll():
+            if pred(e):
+                return e
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended while waiting for {what}: {proc.communicate()}")
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out, err
+
+
+def test_two_kills_close_together(tmp_path):
+    """The retry of the first victim is killed while it restores; the run still ends exactly-once."""
+    records, keys = 2_000_000, 200_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start_run(run_dir, records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        wait_event(events, proc, lambda e: e["event"] == "checkpoint_completed", 180, "a first checkpoint")
+        os.kill(events.pid_of(1), signal.SIGKILL)
+        retry = wait_event(
+            events,
+            proc,
+            lambda e: e["event"] == "registered" and e["worker"] == 1 and e["attempt"] >= 1,
+            120,
+            "a retry",
+        )
+        os.kill(retry["pid"], signal.SIGKILL)
+        second_kill = time.time()
+    finally:
+        o, e = finish(proc)
+    assert proc.returncode == 0, e[-3000:]
+    events.poll()
+    running = [ev["t"] for ev in events.seen if ev["event"] == "running" and ev["gen"] >= 1]
+    assert running and min(running) > second_kill, "the second kill came after the first recovery had finished"
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["recoveries"]) == 2
+
+
+def test_resume_after_the_driver_is_killed(tmp_path):
+    records, keys = 3_000_000, 50_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start_run(run_dir, records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        wait_event(
+            events,
+            proc,
+            lambda e: e["event"] == "checkpoint_completed" and e["checkpoint"] >= 2,
+            180,
+            "two checkpoints",
+        )
+        pids = [events.pid_of(w) for w in range(2)]
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        finish(proc)
+    deadline = time.monotonic() + 60
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+    assert not committed_pairs(str(out)) == keyed_count_expected(records, keys), "the run had finished already"
+    resumed = start_run(run_dir, "--resume", records=records, keys=keys, out=out)
+    _, err = finish(resumed)
+    assert resumed.returncode == 0, err[-3000:]
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+    restores = [e for e in Events(str(run_dir / "events.jsonl")).poll() if e["event"] == "restore"]
+    assert restores and restores[-1]["checkpoint"] >= 2
+
+
+def test_damaged_checkpoint_falls_back_to_the_one_before(tmp_path):
+    from nosync import checkpoints
+
+    records, keys = 3_000_000, 50_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start_run(run_dir, "--checkpoint-ms", "2500", records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        done = wait_event(
+            events,
+            proc,
+            lambda e: e["event"] == "checkpoint_completed" and e["checkpoint"] >= 2,
+            180,
+            "two checkpoints",
+        )
+        path = checkpoints.path_of(str(run_dir), done["checkpoint"])
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) // 2)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0xFF]))
+        os.kill(events.pid_of(1), signal.SIGKILL)
+    finally:
+        _, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    events.poll()
+    fallbacks = [e for e in events.seen if e["event"] == "checkpoint_fallback"]
+    assert fallbacks and path in fallbacks[0]["error"] and "checksum" in fallbacks[0]["error"]
+    restore = [e for e in events.seen if e["event"] == "restore"][-1]
+    assert restore["checkpoint"] == done["checkpoint"] - 1
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+
+
+def test_max_restarts_bounds_recoveries(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start_run(run_dir, "--max-restarts", "0", records=100_000_000, keys=1000, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        wait_event(events, proc, lambda e: e["event"] == "checkpoint_completed", 180, "a first checkpoint")
+        os.kill(events.pid_of(0), signal.SIGKILL)
+    finally:
+        _, err = finish(proc, timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    last = [line for line in err.splitlines() if line.startswith("error:")]
+    assert last and "--max-restarts" in last[-1] and "worker 0" in last[-1], err[-2000:]
+
+
+def test_a_source_that_cannot_restart_is_refused(tmp_path):
+    proc = subprocess.run(
+        [
+            *NOSYNC,
+            "run",
+            os.path.join(ROOT, "tests", "integration", "pipelines", "tcp_collatz.py"),
+            "--mode",
+            "abs",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "-p",
+            "port=9",
+            "-p",
+            f"output={tmp_path / 'out'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "TcpLines" in proc.stderr and "mode abs" in proc.stderr and "restart" in proc.stderr
