@@ -14,9 +14,10 @@ records (or keys) of the reference missing from the chaos run, or with another v
 reference runs differ, the pipeline is reported as not deterministic and nothing is judged.
 
 Kills: the victim and the moment are drawn from `random.Random(seed)`. The first kill waits
-for the first completed checkpoint; each kill after it waits until the run is running again
-after the previous recovery, then a random delay within the reference's processing time
-spread over the kills. The victim's pid comes from the coordinator's events
+for the first completed checkpoint (or safe point); each kill after it waits until the run is
+running again after the previous recovery. Each then waits a random delay, up to its share
+of the time the reference run spent between its first checkpoint and its end, so that the
+kills fall inside the run. The victim's pid comes from the coordinator's events
 (`events.jsonl`: the newest registration of that worker).
 """
 
@@ -175,7 +176,7 @@ def run_chaos(
     events = Events(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
     deadline = time.monotonic() + timeout
-    gap = max(0.05, span_s / (kills + 1))
+    gap = max(0.05, span_s / kills)
     try:
         while len(done) < kills and proc.poll() is None and time.monotonic() < deadline:
             events.poll()
@@ -268,7 +269,11 @@ def chaos(
         result.update(deterministic=False, exactly_once=None, judged=False, reference_diff=again)
         return result
     rng = random.Random(seed)
-    span = float(ref_summary.get("processing_s") or 1.0)
+    ref_events = Events(os.path.join(dirs["reference"], "events.jsonl"))
+    ref_events.poll()
+    first = [e["t"] for e in ref_events.seen if e["event"] in PROGRESS_EVENTS]
+    end = [e["t"] for e in ref_events.seen if e["event"] == "finished"]
+    span = 0.8 * (end[-1] - first[0]) if first and end else float(ref_summary.get("processing_s") or 1.0)
     progress(f"chaos run: {kills} kill(s), seed {seed}")
     summary, done = run_chaos(
         pipeline_file, dirs["chaos"], mode, workers, params, options, kills, rng, span, timeout, progress

@@ -77,7 +77,9 @@ def run(
     run_dir = os.path.abspath(
         run_dir or os.path.join("runs", f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}")
     )
-    _check_run_dir(run_dir, pipeline.name, mode, workers, resume)
+    _check_run_dir(
+        run_dir, {"pipeline": pipeline.name, "mode": mode, "workers": workers, "batch_size": batch_size}, resume
+    )
     driver_mode = get_mode(
         mode,
         {
@@ -108,6 +110,7 @@ def run(
             "params": dict(params or {}),
             "mode": mode,
             "workers": workers,
+            "batch_size": batch_size,
             "run_id": run_id,
             "resumed": resume,
         },
@@ -208,8 +211,10 @@ def run(
     return RunResult(summary, run_dir)
 
 
-def _check_run_dir(run_dir: str, pipeline: str, mode: str, workers: int, resume: bool) -> None:
-    """Refuses a run directory that another run's state would be mixed with."""
+def _check_run_dir(run_dir: str, same: dict, resume: bool) -> None:
+    """Refuses a run directory that another run's state would be mixed with; a resumed run must
+    be the same pipeline, mode, number of workers and batch size (source positions count
+    records inside chunks of that size)."""
     import json
 
     from nosync import checkpoints
@@ -227,7 +232,7 @@ def _check_run_dir(run_dir: str, pipeline: str, mode: str, workers: int, resume:
         raise NosyncError(f"--resume {run_dir}: no run.json there, so no run to continue")
     with open(info_path, encoding="utf-8") as f:
         before = json.load(f)
-    for what, now in (("pipeline", pipeline), ("mode", mode), ("workers", workers)):
+    for what, now in same.items():
         if before.get(what) != now:
             raise NosyncError(f"--resume {run_dir}: that run's {what} is {before.get(what)!r}, this one's is {now!r}")
 

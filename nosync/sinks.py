@@ -201,7 +201,82 @@ def _parquet_records(path: str) -> list:
     return table.to_pylist()
 
 
-_PART_NAME = re.compile(r"^part-(\d+)-w(\d+)(?:-c(\d+))?\.")
+_PART_NAME = re.compile(r"^part-(\d+)-w(\d+)(?:-c(\d+))?(?:-(\d+))?\.")
+ROW_GROUP = 65_536
+"""Records a Parquet part file buffers before it writes them as a row group."""
+
+
+class _OpenFile:
+    """One part file being written under `_staging/` while its records arrive, so that a
+    commit or pre-commit has only a flush, an fsync and a rename left to do."""
+
+    def __init__(self, path: str, fmt: str) -> None:
+        self.path = path
+        self.fmt = fmt
+        self.records = 0
+        self.f = open(path, "wb") if fmt == "jsonl" else None  # noqa: SIM115 - closed by finish/discard
+        self.writer: Any = None
+        self.schema: Any = None
+        self.buffer: list = []
+
+    def write(self, recs: list) -> bool:
+        """Appends `recs`; False if they do not fit this file's Parquet schema (nothing written)."""
+        if self.fmt == "jsonl":
+            self.f.write(
+                ("\n".join(json.dumps(r, default=_json_default, separators=(",", ":")) for r in recs) + "\n").encode()
+            )
+        else:
+            if self.buffer and len(self.buffer) + len(recs) > ROW_GROUP and not self._row_group():
+                return False
+            self.buffer.extend(recs)
+        self.records += len(recs)
+        return True
+
+    def _row_group(self) -> bool:
+        import pyarrow.parquet as pq
+
+        table = _arrow_table(self.buffer)
+        if self.writer is None:
+            self.schema = table.schema
+            self.writer = pq.ParquetWriter(self.path, table.schema)
+        elif not table.schema.equals(self.schema, check_metadata=True):
+            return False
+        self.writer.write_table(table)
+        self.buffer = []
+        return True
+
+    def finish(self) -> list:
+        """Writes what is buffered, fsyncs and closes. Returns records that did not fit the
+        file's Parquet schema (to go to another file)."""
+        left: list = []
+        if self.f is not None:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+            return left
+        if self.buffer and not self._row_group():
+            left, self.buffer = self.buffer, []
+        if self.writer is not None:
+            self.writer.close()
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return left
+
+    def discard(self) -> None:
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        except Exception:  # noqa: BLE001 - the file goes anyway
+            pass
+        if self.f is not None:
+            self.f.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
 
 class _FilesPart(SinkPart):
@@ -212,36 +287,59 @@ class _FilesPart(SinkPart):
         os.makedirs(self.staging, exist_ok=True)
         self.fmt = fmt
         self.worker = worker
+        self.open: dict[int, list[_OpenFile]] = {}
+        self._serial = 0
 
-    def _name(self, epoch: int, checkpoint: int | None = None) -> str:
+    def _name(self, epoch: int, checkpoint: int | None = None, index: int = 0) -> str:
         c = "" if checkpoint is None else f"-c{checkpoint:010d}"
-        return f"part-{epoch:010d}-w{self.worker:04d}{c}.{self.fmt}"
+        k = f"-{index:03d}" if index else ""
+        return f"part-{epoch:010d}-w{self.worker:04d}{c}{k}.{self.fmt}"
 
-    def _write(self, path: str, recs: list) -> None:
-        """Writes `recs` to `path` through a temporary file, fsynced, then renamed."""
-        tmp = path + ".tmp"
-        if self.fmt == "jsonl":
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write("\n".join(json.dumps(r, default=_json_default, separators=(",", ":")) for r in recs))
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-        else:
-            import pyarrow.parquet as pq
+    def _new_file(self, epoch: int) -> _OpenFile:
+        self._serial += 1
+        path = os.path.join(self.staging, f"part-{epoch:010d}-w{self.worker:04d}.{self._serial}.inprogress")
+        f = _OpenFile(path, self.fmt)
+        self.open.setdefault(epoch, []).append(f)
+        return f
 
-            with open(tmp, "wb") as f:
-                pq.write_table(_arrow_table(recs), f)
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+    def write(self, epoch: int, records: list) -> None:
+        if not records:
+            return
+        files = self.open.get(epoch)
+        f = files[-1] if files else self._new_file(epoch)
+        if not f.write(records):
+            self._new_file(epoch).write(records)
+
+    def has_staged(self) -> bool:
+        return bool(self.open)
+
+    def _close_epoch(self, epoch: int) -> list[_OpenFile]:
+        """Finishes the files of `epoch`; records that fit none go to one more file."""
+        files = self.open.pop(epoch)
+        done = []
+        while files:
+            f = files.pop(0)
+            left = f.finish()
+            done.append(f)
+            if left:
+                extra = _OpenFile(f.path + "+", self.fmt)
+                extra.write(left)
+                files.append(extra)
+        return [f for f in done if f.records]
+
+    def _publish(self, epoch: int, target_dir: str, checkpoint: int | None) -> tuple[list[str], int]:
+        names, n = [], 0
+        for i, f in enumerate(self._close_epoch(epoch)):
+            name = self._name(epoch, checkpoint, i)
+            os.replace(f.path, os.path.join(target_dir, name))
+            names.append(name)
+            n += f.records
+        return names, n
 
     def commit(self, epoch: int) -> int:
         n = 0
-        for e, recs in self.take(epoch):
-            if not recs:
-                continue
-            self._write(os.path.join(self.dir, self._name(e)), recs)
-            n += len(recs)
+        for e in sorted(e for e in self.open if e <= epoch):
+            n += self._publish(e, self.dir, None)[1]
         if n:
             fsync_dir(self.dir)
         return n
@@ -249,16 +347,20 @@ class _FilesPart(SinkPart):
     def precommit(self, checkpoint: int) -> Any:
         names = []
         n = 0
-        for e, recs in self.take(1 << 62):
-            if not recs:
-                continue
-            name = self._name(e, checkpoint)
-            self._write(os.path.join(self.staging, name), recs)
-            names.append(name)
-            n += len(recs)
+        for e in sorted(self.open):
+            got, k = self._publish(e, self.staging, checkpoint)
+            names.extend(got)
+            n += k
         if names:
             fsync_dir(self.staging)
         return {"files": names, "records": n}
+
+    def abort(self) -> None:
+        for files in self.open.values():
+            for f in files:
+                f.discard()
+        self.open = {}
+        super().abort()
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:
         moved = False
@@ -287,7 +389,7 @@ class _FilesPart(SinkPart):
         self.abort()
         n = sum(self.commit_precommit(c, h) for c, h in handles)
         for name, c in self._mine(self.staging):
-            if name.endswith(".tmp") or c is None or c > checkpoint:
+            if name.endswith((".tmp", ".inprogress", "+")) or c is None or c > checkpoint:
                 os.unlink(os.path.join(self.staging, name))
         retracted = [name for name, c in self._mine(self.dir) if c is not None and c > checkpoint]
         for name in retracted:
@@ -295,6 +397,14 @@ class _FilesPart(SinkPart):
         fsync_dir(self.staging)
         fsync_dir(self.dir)
         return n
+
+    def close(self) -> None:
+        for files in self.open.values():
+            for f in files:
+                if f.f is not None:
+                    f.f.close()
+                elif f.writer is not None:
+                    f.writer.close()
 
 
 class LevelDB(Sink):

@@ -192,9 +192,11 @@ class SourceOp(Op):
         self.epoch = 0
         self.started = time.monotonic()
         self.finished = False
+        self._mute = False
 
     def _on_bad(self, bad: BadRecord) -> None:
-        self.w.dead_letter(self.name, bad)
+        if not self._mute:
+            self.w.dead_letter(self.name, bad)
 
     def _next_chunk(self, st: dict, limit: int) -> list:
         """Up to `limit` records of the partition, from its position on."""
@@ -208,11 +210,16 @@ class SourceOp(Op):
                 # (re)opened at a position: the records of its first chunk already emitted go
                 st["iter"] = self.source.read(st["part"], st["offset"], self.w.batch_size, self._on_bad)
                 drop = st["skip"]
+            # a chunk read again from a position inside it was read whole before: its bad
+            # records went to the dead letters then
+            self._mute = drop > 0
             try:
                 recs, st["next"] = next(st["iter"])
             except StopIteration:
                 st["done"] = True
                 return []
+            finally:
+                self._mute = False
             chunk = st["chunk"] = recs
             st["skip"] = drop
         i = st["skip"]
@@ -571,7 +578,22 @@ class Worker:
         if self._dl_file is None:
             path = os.path.join(self.spec["run_dir"], f"dead-letter-w{self.index}.jsonl")
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._dl_seen = set()
+            if os.path.exists(path):
+                # a restarted worker, or one that rolled back, reads some input again: a record
+                # already in the file is not written twice
+                with open(path, encoding="utf-8") as f:
+                    for line in f:
+                        try:
+                            d = json.loads(line)
+                        except ValueError:
+                            continue  # a line torn by a crash
+                        self._dl_seen.add(_dead_letter_key(d["source"], d["file"], d["position"]))
             self._dl_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
+        key = _dead_letter_key(op_name, bad.source, bad.position)
+        if key in self._dl_seen:
+            return
+        self._dl_seen.add(key)
         self._dl_file.write(
             json.dumps(
                 {"source": op_name, "file": bad.source, "position": bad.position, "error": str(bad)}, default=str
@@ -773,6 +795,12 @@ class Worker:
             if isinstance(ch, tuple) and ch[0] == "x" and ch[2] == j and e != EOS
         ]
         return not chans
+
+
+def _dead_letter_key(source: str, file: str, position: Any) -> tuple:
+    import json
+
+    return source, file, json.dumps(position, sort_keys=True, default=str)
 
 
 def worker_main(spec: dict, index: int, _iterator: Any) -> list:

@@ -54,7 +54,9 @@ def big_text(path, lines: int) -> str:
 
 def workload_params(name: str, tmp_path) -> dict:
     if name == "wordcount":
-        return {"input": big_text(tmp_path / "text.txt", 250_000)}
+        big_text(tmp_path / "a.txt", 150_000)
+        big_text(tmp_path / "b.txt", 100_000)
+        return {"input": str(tmp_path / "*.txt")}
     if name == "keyed_count":
         return {"records": "1500000", "keys": "20000"}
     return {"bids": "500000"}
