@@ -5,7 +5,8 @@ other way round) and a restored `JoinOp` could no longer append to its sides. He
 the extension type 1 holding the msgpack of its items, a list is a plain array, and decoding
 builds lists from arrays: what `unpack(pack(v))` returns behaves as `v` did (dicts, lists,
 tuples, str, bytes, int, float, bool and None, nested). Sets and other types are refused with
-a TypeError naming the type. Never pickle: these bytes land on disk and travel between
+a TypeError naming the type, except bytearray and memoryview, which msgpack writes as bytes
+and which therefore come back as bytes. Never pickle: these bytes land on disk and travel between
 processes.
 """
 

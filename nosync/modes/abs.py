@@ -74,6 +74,7 @@ class AbsHooks(WorkerHooks):
         self.tier = self.options.get("checkpoint_tier", "disk")
         self.stores: dict[str, Any] = {}
         self.pending: dict[int, dict] = {}
+        self.aborted: set[int] = set()
         self.align: dict[str, dict[int, dict]] = {}
         self.acked = 0
         self.worker: Any = None
@@ -103,6 +104,7 @@ class AbsHooks(WorkerHooks):
     def on_start(self, worker: Any, peers: dict) -> None:
         self.worker = worker
         self.pending = {}
+        self.aborted = set()
         self.align = {}
         self._open_stores(worker)
         restore = peers.get("restore")
@@ -156,6 +158,8 @@ class AbsHooks(WorkerHooks):
             if n > store.last_seq:
                 store.append(n, updates)
                 store.persist(self.tier)
+        if n in self.aborted:
+            return  # its barrier still aligns and moves on; nothing waits for its ack
         p = self._entry(n)
         p["ops"][op.name] = meta
         p["left"].discard(op.name)
@@ -178,6 +182,7 @@ class AbsHooks(WorkerHooks):
                 s.commit_checkpoint(n)
         elif op == "abort":
             self.pending.pop(n, None)
+            self.aborted.add(n)
 
     def on_event(self, op: Any, channel: Any, event: dict) -> None:
         n = event.get("barrier")

@@ -1,0 +1,484 @@
+"""Operator state survives a snapshot: statecodec's bytes, `take_updates` and the metadata.
+
+The store is modelled by a plain dict that `take_updates` batches are applied to (TOMBSTONE
+deletes), as `lsm` would hold them; the metadata is restored both as `snapshot_meta` returned it
+and as it comes back from a real checkpoint file, as in a recovery. A restored operator must then
+behave exactly as the one that was never stopped.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import nosync as ns
+from lsm import TOMBSTONE
+from nosync import checkpoints, statecodec
+from nosync.errors import RunFailed
+from nosync.operators import EOS, JoinOp, make_op
+
+SETTINGS = settings(max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+class Collector:
+    """A downstream operator that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list, int]] = []
+        self.markers: list[tuple[int, object, bool]] = []
+
+    def push(self, records: list, epoch: int, channel: object) -> None:
+        self.batches.append((list(records), epoch))
+
+    def marker(self, channel: object, epoch: int, wm: object, eos: bool) -> None:
+        self.markers.append((epoch, wm, eos))
+
+
+def source(p: ns.Pipeline, name: str | None = None) -> ns.Stream:
+    return p.source(ns.sources.Generator(records=0), name=name)
+
+
+def wire(op, inputs) -> Collector:
+    out = Collector()
+    op.connect(out.push, out.marker, "out")
+    for ch in inputs:
+        op.add_input(ch)
+    return out
+
+
+def same_shape(a: object, b: object) -> bool:
+    """Whether `b` has the container types of `a` at every depth (dict items in order)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return len(a) == len(b) and all(
+            same_shape(ka, kb) and same_shape(va, vb) for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
+        )
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(same_shape(x, y) for x, y in zip(a, b, strict=True))
+    return True
+
+
+def assert_same_state(expected: dict, got: dict) -> None:
+    assert got == expected
+    for k, v in expected.items():
+        assert same_shape(v, got[k]), (k, v, got[k])
+
+
+# -- statecodec ------------------------------------------------------------------------------
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+)
+hashable_keys = st.recursive(
+    st.text(max_size=4) | st.integers(-(2**63), 2**64 - 1),
+    lambda inner: st.tuples(inner) | st.tuples(inner, inner),
+    max_leaves=4,
+)
+nested = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(hashable_keys, inner, max_size=4)
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=400, deadline=None, print_blob=True)
+@given(value=nested)
+def test_pack_unpack_round_trip_keeps_container_types(value):
+    data = statecodec.pack(value)
+    assert type(data) is bytes
+    back = statecodec.unpack(data)
+    assert back == value
+    assert same_shape(value, back)
+
+
+def test_lists_and_tuples_stay_apart_at_every_depth():
+    value = {("k", 1): [(1, [2, (3,)]), [()], ([],)], 2: {"t": ((), [])}}
+    back = statecodec.unpack(statecodec.pack(value))
+    assert back == value
+    assert type(back[("k", 1)]) is list
+    assert type(back[("k", 1)][0]) is tuple and type(back[("k", 1)][0][1]) is list
+    assert type(back[("k", 1)][0][1][1]) is tuple
+    assert type(back[("k", 1)][1][0]) is tuple and type(back[("k", 1)][2][0]) is list
+    assert type(next(iter(back))) is tuple
+    back[("k", 1)].append("still a list")  # what a restored JoinOp does to its sides
+
+
+@pytest.mark.parametrize("value", [{1, 2}, frozenset(), [1, {"x"}], ({2},), {"k": {3}}, {(1,): [(set(),)]}], ids=repr)
+def test_sets_are_refused_at_any_depth(value):
+    with pytest.raises(TypeError, match="set"):
+        statecodec.pack(value)
+
+
+def test_a_failed_pack_does_not_spoil_the_next_one():
+    with pytest.raises(TypeError):
+        statecodec.pack([1, 2, {3}])
+    assert statecodec.unpack(statecodec.pack([1, (2,)])) == [1, (2,)]
+
+
+def test_ints_beyond_msgpack_are_refused_with_type_error():
+    for big in (2**64, -(2**63) - 1):
+        with pytest.raises(TypeError):
+            statecodec.pack({"n": big})
+
+
+def test_bytearray_and_memoryview_come_back_as_bytes():
+    """msgpack writes them as bin, which decodes to bytes: the documented exception to
+    'behaves as it did' (statecodec's docstring)."""
+    for value in (bytearray(b"ab"), memoryview(b"ab")):
+        back = statecodec.unpack(statecodec.pack(value))
+        assert type(back) is bytes and back == b"ab"
+
+
+# -- operators: take_updates / restore_keyed / snapshot_meta / restore_meta -------------------
+
+C0, C1 = ("x", 3, 0), ("x", 3, 1)  # channels named as the worker names exchange inputs
+CHANNELS = (C0, C1)
+KIND_NAMES = ("reduce", "aggregate", "stateful_map", "window", "join")
+
+
+def _counted_list(state, v):
+    """stateful_map: keeps (n, [values]) and forgets the key at its third record; appends to
+    the list it got back, so a restored tuple would fail."""
+    n, values = state if state is not None else (0, [])
+    values.append(v)
+    if n + 1 == 3:
+        return None, [("reset", v)]
+    return (n + 1, values), [(n + 1, tuple(values))]
+
+
+def _append(acc, v):
+    acc.append(v)
+    return acc
+
+
+def build(kind: str):
+    """A keyed operator of `kind` from a real pipeline, with inputs C0 and C1."""
+    p = ns.Pipeline("p")
+    keyed = source(p, "s").key_by(lambda r: r[0])
+    if kind == "reduce":
+        op = make_op(keyed.reduce(lambda acc, v: (acc + v)[-4:], name="r").node)
+    elif kind == "aggregate":
+        stream = keyed.aggregate(lambda: {"n": 0, "last": ()}, lambda a, v: {"n": a["n"] + 1, "last": (*a["last"], v)})
+        op = make_op(stream.node)
+    elif kind == "stateful_map":
+        op = make_op(keyed.stateful_map(_counted_list, name="sm").node)
+    elif kind == "window":
+        op = make_op(keyed.window(5, lambda v: v, list, _append, name="w").node)
+    else:
+        other = source(p, "o").key_by(lambda r: r[0])
+        op = JoinOp(keyed.join(other, name="j").node, {C0})
+    return op, wire(op, CHANNELS)
+
+
+def value_for(kind: str, v: int) -> object:
+    return (v,) if kind == "reduce" else v
+
+
+def apply_updates(model: dict, updates: list) -> None:
+    keys = [k for k, _ in updates]
+    assert len(keys) == len(set(keys)), "a key twice in one batch of updates"
+    for k, v in updates:
+        if v is TOMBSTONE:
+            model.pop(k, None)
+        else:
+            assert type(v) is bytes
+            model[k] = v
+
+
+def snapshot_into(op, model: dict) -> None:
+    """Applies `take_updates` to the store model and checks it now holds the whole state."""
+    updates, size = op.take_updates()
+    assert size == sum(len(v) for _, v in updates if v is not TOMBSTONE)
+    apply_updates(model, updates)
+    assert_same_state(op.state, {k: statecodec.unpack(v) for k, v in model.items()})
+
+
+def meta_through_checkpoint_file(meta: dict) -> dict:
+    """The metadata as recovery reads it: written to and read from a real checkpoint file."""
+    with tempfile.TemporaryDirectory() as d:
+        path = checkpoints.write(d, 1, checkpoints.body("p", 1, {0: {"ops": {"op": meta}}}))
+        return checkpoints.read(path)["workers"][0]["ops"]["op"]
+
+
+keys = st.sampled_from(["a", "b", ("t", 1), 7])
+push_step = st.tuples(
+    st.just("push"), st.sampled_from(CHANNELS), st.lists(st.tuples(keys, st.integers(0, 30)), min_size=1, max_size=5)
+)
+marker_step = st.tuples(st.just("marker"), st.sampled_from(CHANNELS), st.none())
+snap_step = st.just(("snap", None, None))
+
+
+def calls_of(kind: str, steps: list, epochs: dict) -> list:
+    """Concrete pushes and markers; each channel's epoch advances after its marker."""
+    out = []
+    for what, ch, recs in steps:
+        if what == "push":
+            out.append(("push", ch, [(k, value_for(kind, v)) for k, v in recs], epochs[ch]))
+        elif what == "marker":
+            out.append(("marker", ch, epochs[ch], False))
+            epochs[ch] += 1
+        else:
+            out.append(("snap",))
+    return out
+
+
+def apply_call(op, call: tuple) -> None:
+    if call[0] == "push":
+        op.push(list(call[2]), call[3], call[1])
+    else:
+        op.marker(call[1], call[2], None, call[3])
+
+
+def normalized(kind: str, batches: list) -> list:
+    """Window output per batch grouped by key (stable: per-key order kept): which key a
+    window closes first follows the state dict's order, which a restore does not keep."""
+    if kind != "window":
+        return batches
+    return [(sorted(recs, key=lambda r: repr(r[0])), e) for recs, e in batches]
+
+
+@pytest.mark.parametrize("kind", KIND_NAMES)
+@SETTINGS
+@given(
+    before=st.lists(st.one_of(push_step, marker_step, snap_step), max_size=14),
+    after=st.lists(st.one_of(push_step, marker_step), max_size=14),
+)
+def test_restored_operator_behaves_as_the_original(kind, before, after):
+    epochs = dict.fromkeys(CHANNELS, 0)
+    orig, out = build(kind)
+    orig.track_dirty = True
+    model: dict = {}
+    for call in calls_of(kind, before, epochs):
+        if call[0] == "snap":
+            snapshot_into(orig, model)
+        else:
+            apply_call(orig, call)
+    snapshot_into(orig, model)
+    assert orig.take_updates() == ([], 0)  # nothing new since
+    raw_meta = orig.snapshot_meta()
+
+    restored = []
+    for meta in (raw_meta, meta_through_checkpoint_file(raw_meta)):
+        op, op_out = build(kind)
+        op.track_dirty = True
+        op.restore_keyed(list(model.items()))
+        op.restore_meta(meta)
+        assert_same_state(orig.state, op.state)
+        assert op.take_updates() == ([], 0)  # a restore is not an update
+        restored.append((op, op_out))
+    if kind == "join":
+        for op, _ in restored:
+            for sides in op.state.values():
+                assert type(sides) is tuple and all(type(s) is list for s in sides)
+
+    n_batches, n_markers = len(out.batches), len(out.markers)
+    rest = calls_of(kind, after, epochs) + [("marker", ch, epochs[ch], True) for ch in CHANNELS]
+    for call in rest:
+        apply_call(orig, call)
+        for op, _ in restored:
+            apply_call(op, call)
+    expected_updates, _ = orig.take_updates()
+    expected_updates = {k: v if v is TOMBSTONE else statecodec.unpack(v) for k, v in expected_updates}
+    for op, op_out in restored:
+        assert normalized(kind, op_out.batches) == normalized(kind, out.batches[n_batches:])
+        assert op_out.markers == out.markers[n_markers:]
+        assert op_out.markers[-1][0] == EOS
+        assert_same_state(orig.state, op.state)
+        assert op.frontier == orig.frontier and op.last_epoch == orig.last_epoch
+        assert op.metrics()["keys"] == len(orig.state)
+        got_updates, _ = op.take_updates()
+        assert {k: v if v is TOMBSTONE else statecodec.unpack(v) for k, v in got_updates} == expected_updates
+    if kind == "window":
+        for op, _ in restored:
+            assert op.late == orig.late
+
+
+def test_take_updates_twice_without_input_returns_nothing():
+    op, _ = build("aggregate")
+    op.track_dirty = True
+    op.push([("a", 1), ("b", 2), ("a", 3)], 0, C0)
+    updates, size = op.take_updates()
+    assert sorted(k for k, _ in updates) == ["a", "b"]
+    assert {k: statecodec.unpack(v) for k, v in updates} == {
+        "a": {"n": 2, "last": (1, 3)},
+        "b": {"n": 1, "last": (2,)},
+    }
+    assert size > 0
+    assert op.take_updates() == ([], 0)
+    op.push([("b", 4)], 1, C1)
+    updates, _ = op.take_updates()
+    assert [(k, statecodec.unpack(v)) for k, v in updates] == [("b", {"n": 2, "last": (2, 4)})]
+
+
+def test_stateful_map_forgotten_key_is_a_tombstone():
+    op, _ = build("stateful_map")
+    op.track_dirty = True
+    op.push([("a", 1), ("b", 1), ("a", 2)], 0, C0)
+    updates, _ = op.take_updates()
+    assert {k: statecodec.unpack(v) for k, v in updates} == {"a": (2, [1, 2]), "b": (1, [1])}
+    op.push([("a", 3)], 0, C0)  # a's third record: fn returns None, the key is forgotten
+    assert "a" not in op.state
+    assert op.take_updates()[0] == [("a", TOMBSTONE)]
+    op.push([("c", 1), ("c", 2), ("c", 3)], 1, C1)  # created and forgotten between two snapshots
+    assert op.take_updates()[0] == [("c", TOMBSTONE)]
+
+
+def test_window_key_whose_windows_all_closed_is_a_tombstone():
+    op, out = build("window")
+    op.track_dirty = True
+    op.push([("a", 1), ("b", 2), ("b", 7)], 0, C0)
+    op.push([("a", 12)], 0, C1)
+    updates, _ = op.take_updates()
+    assert {k: statecodec.unpack(v) for k, v in updates} == {"a": {0: [1], 10: [12]}, "b": {0: [2], 5: [7]}}
+    op.marker(C0, 0, None, False)
+    op.marker(C1, 0, None, False)  # watermark min(7, 12) = 7: [0, 5) closes for a and b
+    assert sorted(r for recs, _ in out.batches for r in recs) == [("a", (0, [1])), ("b", (0, [2]))]
+    updates, _ = op.take_updates()
+    assert {k: statecodec.unpack(v) for k, v in updates} == {"a": {10: [12]}, "b": {5: [7]}}
+    op.push([("a", 20)], 1, C0)
+    op.push([("a", 21)], 1, C1)
+    op.take_updates()
+    op.marker(C0, 1, None, False)
+    op.marker(C1, 1, None, False)  # watermark 20: b's [5, 10) and a's [10, 15) close, b is empty
+    updates = dict(op.take_updates()[0])
+    assert updates.keys() == {"a", "b"}
+    assert updates["b"] is TOMBSTONE
+    assert statecodec.unpack(updates["a"]) == {20: [20, 21]}
+    op.marker(C0, 2, None, True)
+    op.marker(C1, 2, None, True)  # end of input: everything closes
+    assert op.take_updates()[0] == [("a", TOMBSTONE)]
+    assert op.state == {}
+
+
+def restored_copy(kind: str, op) -> tuple:
+    """A fresh operator restored from a snapshot of `op` taken now (its first one)."""
+    model: dict = {}
+    apply_updates(model, op.take_updates()[0])
+    meta = meta_through_checkpoint_file(op.snapshot_meta())
+    copy, out = build(kind)
+    copy.restore_keyed(model.items())
+    copy.restore_meta(meta)
+    return copy, out
+
+
+def test_restored_window_drops_records_of_windows_closed_before_the_snapshot():
+    op, out = build("window")
+    op.track_dirty = True
+    op.push([("a", 1), ("a", 6)], 0, C0)
+    op.push([("a", 8)], 0, C1)
+    op.marker(C0, 0, None, False)
+    op.marker(C1, 0, None, False)  # watermark 6: [0, 5) closed
+    assert [r for recs, _ in out.batches for r in recs] == [("a", (0, [1]))]
+    copy, copy_out = restored_copy("window", op)
+    for o in (op, copy):
+        o.push([("a", 2), ("a", 9)], 1, C0)  # 2 is late: its window closed before the snapshot
+        o.marker(C0, 1, None, True)
+        o.marker(C1, 1, None, True)
+    assert copy.late == op.late == 1
+    assert copy_out.batches == out.batches[1:] == [([("a", (5, [6, 8, 9]))], 2)]
+
+
+def test_restored_window_remembers_times_seen_since_the_last_marker():
+    op, out = build("window")
+    op.track_dirty = True
+    op.push([("a", 3)], 0, C0)
+    op.push([("a", 4)], 0, C1)
+    op.marker(C0, 0, None, False)
+    op.marker(C1, 0, None, False)  # watermark 3: nothing closes
+    op.push([("a", 12)], 1, C0)
+    op.push([("b", 11)], 1, C1)  # snapshot here: the times 12 and 11 are in no watermark yet
+    copy, copy_out = restored_copy("window", op)
+    for o in (op, copy):
+        o.marker(C0, 1, None, False)
+        o.marker(C1, 1, None, False)  # watermark 11: [0, 5) closes
+    assert out.batches == [([("a", (0, [3, 4]))], 1)]
+    assert copy_out.batches == out.batches
+    assert copy_out.markers == out.markers[1:] == [(1, 11, False)]
+
+
+def test_restored_join_sides_are_lists_to_append_to():
+    op, _ = build("join")
+    op.track_dirty = True
+    op.push([("k", "l1")], 0, C0)
+    op.push([("k", "r1")], 0, C1)
+    model: dict = {}
+    apply_updates(model, op.take_updates()[0])
+    restored, out = build("join")
+    restored.restore_keyed(model.items())
+    assert restored.state == {"k": (["l1"], ["r1"])}
+    restored.push([("k", "l2")], 1, C0)
+    restored.push([("k", "r2")], 1, C1)
+    assert [r for recs, _ in out.batches for r in recs] == [
+        ("k", ("l2", "r1")),
+        ("k", ("l1", "r2")),
+        ("k", ("l2", "r2")),
+    ]
+    assert restored.state == {"k": (["l1", "l2"], ["r1", "r2"])}
+
+
+# -- key_by refuses keys the store cannot hold ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad_key",
+    [1.5, True, False, ("a", 2.0), ("ok", (None, True))],
+    ids=["float", "true", "false", "tuple-float", "deep"],
+)
+def test_key_by_refuses_keys_the_store_cannot_hold(bad_key):
+    p = ns.Pipeline("p")
+    op = make_op(source(p).key_by(lambda r: bad_key if r == "bad" else r, name="by_bad").node)
+    out = wire(op, ["in"])
+    op.push(["x", "y"], 0, "in")
+    with pytest.raises(RunFailed) as ei:
+        op.push(["z", "bad"], 0, "in")
+    assert "'by_bad'" in str(ei.value)
+    assert out.batches == [([("x", "x"), ("y", "y")], 0)]  # nothing of the refused batch
+
+
+def test_key_by_passes_every_key_type_the_store_holds():
+    p = ns.Pipeline("p")
+    good = [None, 0, -(2**63), 2**64 - 1, "s", b"b", ("t", (1, None, b"x")), ()]
+    op = make_op(source(p).key_by(lambda i: good[i], name="by_good").node)
+    out = wire(op, ["in"])
+    op.push(list(range(len(good))), 0, "in")
+    assert out.batches == [([(k, i) for i, k in enumerate(good)], 0)]
+
+
+# -- outputs carry non-decreasing epochs -----------------------------------------------------
+
+
+def test_outputs_carry_the_greatest_epoch_seen():
+    p = ns.Pipeline("p")
+    op = make_op(source(p).key_by(str).aggregate(int, lambda n, _: n + 1).node)
+    out = wire(op, ["a", "b"])
+    op.push([("k", 0)], 5, "a")
+    op.push([("k", 0), ("j", 0)], 3, "b")
+    assert out.batches == [([("k", 1)], 5), ([("k", 2), ("j", 1)], 5)]
+
+
+@SETTINGS
+@given(pushes=st.lists(st.tuples(st.sampled_from("ab"), st.integers(0, 20)), min_size=1, max_size=20))
+def test_output_epochs_are_the_running_max(pushes):
+    p = ns.Pipeline("p")
+    op = make_op(source(p).key_by(str).aggregate(int, lambda n, _: n + 1).node)
+    out = wire(op, ["a", "b"])
+    expected = []
+    top = -1
+    for ch, epoch in pushes:
+        op.push([("k", 0)], epoch, ch)
+        top = max(top, epoch)
+        expected.append(top)
+    assert [e for _, e in out.batches] == expected
