@@ -58,7 +58,7 @@ def workload_params(name: str, tmp_path) -> dict:
         big_text(tmp_path / "b.txt", 100_000)
         return {"input": str(tmp_path / "*.txt")}
     if name == "keyed_count":
-        return {"records": "4000000", "keys": "20000"}
+        return {"records": "3000000", "keys": "20000"}
     return {"bids": "500000"}
 
 

@@ -157,3 +157,23 @@ def test_wordcount_on_a_standalone_cluster(cluster, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["master"] == cluster
     assert summary["workers"] == 2
+
+
+def test_abs_recovers_a_killed_worker_on_a_standalone_cluster(cluster, tmp_path):
+    """The retry of a killed worker task rejoins the run on the cluster; exactly-once holds."""
+    from experiments.chaos import chaos
+
+    r = chaos(
+        os.path.join(ROOT, "experiments", "workloads", "keyed_count.py"),
+        "abs",
+        2,
+        1,
+        seed=4,
+        params={"records": "2000000", "keys": "10000"},
+        out=str(tmp_path / "chaos"),
+        options={"master": cluster},
+    )
+    assert r["kills"] == 1 and r["recoveries"] == 1, r
+    assert r["exactly_once"] is True, r["sinks"]
+    summary = json.loads((tmp_path / "chaos" / "chaos" / "summary.json").read_text())
+    assert summary["master"] == cluster
