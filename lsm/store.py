@@ -239,8 +239,9 @@ class Store:
 
     # -- writing ------------------------------------------------------------------
 
-    def append(self, seq: int, updates: list | tuple) -> None:
-        """Adds the batch `updates` ((key, value) pairs; value TOMBSTONE deletes) at `seq`.
+    def append(self, seq: int, updates: list | tuple) -> int:
+        """Adds the batch `updates` ((key, value) pairs; value TOMBSTONE deletes) at `seq`;
+        returns the size of the batch in bytes (msgpack).
 
         Never waits on disk, except while the memory bound is exceeded (backpressure).
         Raises SeqOrderError unless `seq` is above every seq before it, KeyEncodingError or
@@ -274,6 +275,7 @@ class Store:
         self.stats.appended_updates += n
         if over:
             self._wait_for_memory()
+        return len(packed)
 
     def _freeze_locked(self) -> None:
         """REQUIRES: _lock held."""

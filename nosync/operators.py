@@ -239,36 +239,39 @@ class KeyedOp(Op):
         self.state: dict = {}
         self.dirty: set = set()
 
-    def take_updates(self) -> tuple[list, int]:
-        """The keyed updates since the last call ((key, packed value) pairs, TOMBSTONE for a
-        deleted key) and their size in bytes; forgets them."""
+    def take_updates(self) -> list:
+        """The keyed updates since the last call, as (key, saved value) pairs, TOMBSTONE for a
+        deleted key; forgets them. A scalar value (int, float, str, bool, None) is saved as it
+        is, any other as `statecodec` bytes, which keep lists and tuples apart."""
         state = self.state
         pack = statecodec.pack
+        scalar = _SCALARS
+        missing = _MISSING
         out = []
-        size = 0
+        append = out.append
         for k in self.dirty:
-            v = state.get(k, _MISSING)
-            if v is _MISSING:
-                out.append((k, TOMBSTONE))
+            v = state.get(k, missing)
+            if type(v) in scalar:
+                append((k, v))
+            elif v is missing:
+                append((k, TOMBSTONE))
             else:
                 try:
-                    b = pack(v)
+                    append((k, pack(v)))
                 except TypeError as e:
                     raise RunFailed(
                         f"operator '{self.name}' (declared at {self.node.where}): the state of key {k!r:.60} "
                         f"cannot be saved: {e}"
                     ) from None
-                size += len(b)
-                out.append((k, b))
         self.dirty = set()
-        return out, size
+        return out
 
     def restore_keyed(self, items: Any, keepalive: Callable[[], None] = lambda: None) -> None:
-        """Loads (key, packed value) pairs saved by `take_updates`."""
+        """Loads (key, saved value) pairs written by `take_updates`."""
         state = self.state
         unpack = statecodec.unpack
         for i, (k, v) in enumerate(items):
-            state[k] = unpack(v)
+            state[k] = unpack(v) if type(v) is bytes else v
             if i & 0x3FFF == 0:
                 keepalive()
 
@@ -547,6 +550,8 @@ class SinkOp(Op):
     def on_frontier(self, epoch: int, wm: Any) -> None:
         if self.hooks is None or self.hooks.sink_commits_at_frontier:
             self.commit(epoch)
+        else:
+            self.part.seal(epoch)
 
     def metrics(self) -> dict:
         m = super().metrics()
@@ -571,6 +576,7 @@ class SinkOp(Op):
 
 
 _MISSING = object()
+_SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def _ignore_event(channel: Any, ev: dict) -> None:

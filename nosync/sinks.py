@@ -69,6 +69,9 @@ class SinkPart:
     def has_staged(self) -> bool:
         return any(self.pending.values())
 
+    def seal(self, epoch: int) -> None:
+        """No record of epochs <= `epoch` will come: a part may finish writing them early."""
+
     def precommit(self, checkpoint: int) -> Any:
         """Moves everything staged into the pre-commit of `checkpoint`; returns its handle
         (msgpack-able). The base keeps it in memory: not durable across a crash."""
@@ -218,44 +221,46 @@ class _OpenFile:
         self.writer: Any = None
         self.schema: Any = None
         self.buffer: list = []
+        self.buffered = 0
 
     def write(self, recs: list) -> bool:
-        """Appends `recs`; False if they do not fit this file's Parquet schema (nothing written)."""
+        """Appends `recs`; False if they do not fit this file's Parquet schema (nothing written).
+        Parquet records become Arrow here, batch by batch, so that finishing a file is C work."""
         if self.fmt == "jsonl":
             self.f.write(
                 ("\n".join(json.dumps(r, default=_json_default, separators=(",", ":")) for r in recs) + "\n").encode()
             )
         else:
-            if self.buffer and len(self.buffer) + len(recs) > ROW_GROUP and not self._row_group():
+            table = _arrow_table(recs)
+            if self.schema is None:
+                self.schema = table.schema
+            elif not table.schema.equals(self.schema, check_metadata=True):
                 return False
-            self.buffer.extend(recs)
+            self.buffer.append(table)
+            self.buffered += len(recs)
+            if self.buffered >= ROW_GROUP:
+                self._row_group()
         self.records += len(recs)
         return True
 
-    def _row_group(self) -> bool:
+    def _row_group(self) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = _arrow_table(self.buffer)
         if self.writer is None:
-            self.schema = table.schema
-            self.writer = pq.ParquetWriter(self.path, table.schema)
-        elif not table.schema.equals(self.schema, check_metadata=True):
-            return False
-        self.writer.write_table(table)
-        self.buffer = []
-        return True
+            self.writer = pq.ParquetWriter(self.path, self.schema)
+        self.writer.write_table(pa.concat_tables(self.buffer))
+        self.buffer, self.buffered = [], 0
 
-    def finish(self) -> list:
-        """Writes what is buffered, fsyncs and closes. Returns records that did not fit the
-        file's Parquet schema (to go to another file)."""
-        left: list = []
+    def finish(self) -> None:
+        """Writes what is buffered, fsyncs and closes."""
         if self.f is not None:
             self.f.flush()
             os.fsync(self.f.fileno())
             self.f.close()
-            return left
-        if self.buffer and not self._row_group():
-            left, self.buffer = self.buffer, []
+            return
+        if self.buffer:
+            self._row_group()
         if self.writer is not None:
             self.writer.close()
             fd = os.open(self.path, os.O_RDONLY)
@@ -263,7 +268,6 @@ class _OpenFile:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        return left
 
     def discard(self) -> None:
         try:
@@ -288,6 +292,7 @@ class _FilesPart(SinkPart):
         self.fmt = fmt
         self.worker = worker
         self.open: dict[int, list[_OpenFile]] = {}
+        self.sealed: dict[int, list[_OpenFile]] = {}
         self._serial = 0
 
     def _name(self, epoch: int, checkpoint: int | None = None, index: int = 0) -> str:
@@ -311,25 +316,25 @@ class _FilesPart(SinkPart):
             self._new_file(epoch).write(records)
 
     def has_staged(self) -> bool:
-        return bool(self.open)
+        return bool(self.open) or bool(self.sealed)
+
+    def seal(self, epoch: int) -> None:
+        """Finishes the files of epochs <= `epoch` (no record of them can come any more), so a
+        later pre-commit only renames them."""
+        for e in sorted(e for e in self.open if e <= epoch):
+            self.sealed[e] = self._close_epoch(e)
 
     def _close_epoch(self, epoch: int) -> list[_OpenFile]:
-        """Finishes the files of `epoch`; records that fit none go to one more file."""
+        """Finishes the files of `epoch`."""
         files = self.open.pop(epoch)
-        done = []
-        while files:
-            f = files.pop(0)
-            left = f.finish()
-            done.append(f)
-            if left:
-                extra = _OpenFile(f.path + "+", self.fmt)
-                extra.write(left)
-                files.append(extra)
-        return [f for f in done if f.records]
+        for f in files:
+            f.finish()
+        return [f for f in files if f.records]
 
     def _publish(self, epoch: int, target_dir: str, checkpoint: int | None) -> tuple[list[str], int]:
         names, n = [], 0
-        for i, f in enumerate(self._close_epoch(epoch)):
+        files = self.sealed.pop(epoch, []) + (self._close_epoch(epoch) if epoch in self.open else [])
+        for i, f in enumerate(files):
             name = self._name(epoch, checkpoint, i)
             os.replace(f.path, os.path.join(target_dir, name))
             names.append(name)
@@ -338,7 +343,7 @@ class _FilesPart(SinkPart):
 
     def commit(self, epoch: int) -> int:
         n = 0
-        for e in sorted(e for e in self.open if e <= epoch):
+        for e in sorted(e for e in {*self.open, *self.sealed} if e <= epoch):
             n += self._publish(e, self.dir, None)[1]
         if n:
             fsync_dir(self.dir)
@@ -347,7 +352,7 @@ class _FilesPart(SinkPart):
     def precommit(self, checkpoint: int) -> Any:
         names = []
         n = 0
-        for e in sorted(self.open):
+        for e in sorted({*self.open, *self.sealed}):
             got, k = self._publish(e, self.staging, checkpoint)
             names.extend(got)
             n += k
@@ -356,10 +361,10 @@ class _FilesPart(SinkPart):
         return {"files": names, "records": n}
 
     def abort(self) -> None:
-        for files in self.open.values():
+        for files in [*self.open.values(), *self.sealed.values()]:
             for f in files:
                 f.discard()
-        self.open = {}
+        self.open, self.sealed = {}, {}
         super().abort()
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:
@@ -389,7 +394,7 @@ class _FilesPart(SinkPart):
         self.abort()
         n = sum(self.commit_precommit(c, h) for c, h in handles)
         for name, c in self._mine(self.staging):
-            if name.endswith((".tmp", ".inprogress", "+")) or c is None or c > checkpoint:
+            if name.endswith((".tmp", ".inprogress")) or c is None or c > checkpoint:
                 os.unlink(os.path.join(self.staging, name))
         retracted = [name for name, c in self._mine(self.dir) if c is not None and c > checkpoint]
         for name in retracted:

@@ -708,7 +708,7 @@ class Worker:
             sel.register(c.sock, selectors.EVENT_READ, ("in", j, c))
         for j, c in self.out.items():
             sel.register(c.sock, selectors.EVENT_READ, ("out", j, c))
-        done_sent = False
+        done_sent = idle_sent = False
         active_sources = [s for s in self.sources if not s.finished]
         start = time.time()
         hooks = self.hooks
@@ -766,6 +766,11 @@ class Worker:
                     if c.out_bytes and not c.closed:
                         c.flush()
                 hooks.poll(self)
+                if not idle_sent and not active_sources and all(s.frontier == EOS for s in self.sinks):
+                    # the input is exhausted here: say so now, not at the next heartbeat, so that
+                    # a mode that commits at checkpoints can start the last one at once
+                    idle_sent = True
+                    self._next_beat = 0.0
                 if not done_sent and not active_sources and self._finished_locally() and hooks.can_finish(self):
                     self.send_ctrl(
                         {"type": "done", "gen": self.gen, "metrics": self.metrics(), "seconds": time.time() - start}

@@ -154,9 +154,9 @@ class AbsHooks(WorkerHooks):
         size = 0
         store = self.stores.get(op.name)
         if store is not None:
-            updates, size = op.take_updates()
+            updates = op.take_updates()
             if n > store.last_seq:
-                store.append(n, updates)
+                size = store.append(n, updates)
                 store.persist(self.tier)
         if n in self.aborted:
             return  # its barrier still aligns and moves on; nothing waits for its ack
