@@ -44,7 +44,7 @@ from typing import Any
 from nosync import checkpoints
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks
-from nosync.operators import SinkOp
+from nosync.operators import EOS, SinkOp
 
 log = logging.getLogger("nosync.abs")
 
@@ -116,7 +116,10 @@ class AbsHooks(WorkerHooks):
             body = checkpoints.read(restore["path"])
             metas = body["workers"][worker.index]["ops"]
         for op in worker.ops:
+            meta = metas.get(op.name)
             store = self.stores.get(op.name)
+            if meta is not None and meta.get("keyed_state") is False:
+                store = None  # its input had ended: the checkpoint holds no keyed state for it
             if store is not None:
                 if store.last_seq < c:
                     raise RunFailed(
@@ -126,7 +129,6 @@ class AbsHooks(WorkerHooks):
                 store.rollback(c)
                 if c >= 0:
                     op.restore_keyed(store.scan(), worker.keepalive)
-            meta = metas.get(op.name)
             if meta is not None:
                 op.restore_meta(meta)
             if isinstance(op, SinkOp):
@@ -153,6 +155,12 @@ class AbsHooks(WorkerHooks):
         meta = op.snapshot_meta()
         size = 0
         store = self.stores.get(op.name)
+        if store is not None and op.frontier == EOS:
+            # every input has ended before this barrier: no record will ever read this state
+            # again, so the last checkpoint of a run does not persist it
+            meta["keyed_state"] = False
+            op.dirty = set()
+            store = None
         if store is not None:
             updates = op.take_updates()
             if n > store.last_seq:
