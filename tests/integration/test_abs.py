@@ -220,7 +220,7 @@ def test_resume_after_the_driver_is_killed(tmp_path):
 def test_damaged_checkpoint_falls_back_to_the_one_before(tmp_path):
     from nosync import checkpoints
 
-    records, keys = 3_000_000, 50_000
+    records, keys = 8_000_000, 50_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = start_run(run_dir, "--checkpoint-ms", "2500", records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
@@ -239,10 +239,13 @@ def test_damaged_checkpoint_falls_back_to_the_one_before(tmp_path):
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([b[0] ^ 0xFF]))
         os.kill(events.pid_of(1), signal.SIGKILL)
+        killed = time.time()
     finally:
         _, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     events.poll()
+    before = [e["checkpoint"] for e in events.seen if e["event"] == "checkpoint_completed" and e["t"] < killed]
+    assert max(before) == done["checkpoint"], "a newer checkpoint completed before the kill: no fallback to test"
     fallbacks = [e for e in events.seen if e["event"] == "checkpoint_fallback"]
     assert fallbacks and path in fallbacks[0]["error"] and "checksum" in fallbacks[0]["error"]
     restore = [e for e in events.seen if e["event"] == "restore"][-1]
