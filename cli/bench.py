@@ -15,6 +15,23 @@ def bench() -> None:
     """Benchmarks. Each prints one JSON object (and a table unless --json)."""
 
 
+def _report(name: str, run, render, as_json: bool) -> None:
+    """Runs a benchmark (`run(progress)`), prints its JSON object and, unless --json, its table.
+    A run that fails exits 1; a usage error exits 2."""
+    from nosync.errors import NosyncError, RunFailed
+
+    try:
+        result = run(lambda m: click.echo(f"[bench {name}] {m}", err=True))
+    except RunFailed as e:
+        click.echo(f"error: run failed: {e}", err=True)
+        sys.exit(1)
+    except NosyncError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
+    if not as_json:
+        click.echo(render(result))
+
+
 @bench.command("lsm")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 @click.option("--keys", default=1_000_000, show_default=True, type=click.IntRange(min=1000))
@@ -76,27 +93,15 @@ def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, wor
 def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, as_json) -> None:
     """keyed_count through the engine against the bare Python loop, measured in one command."""
     from experiments.bench import throughput
-    from nosync.errors import NosyncError, RunFailed
 
-    try:
-        result = throughput.run(
-            mode,
-            workers,
-            records,
-            keys,
-            master=master,
-            sink=sink,
-            epoch_records=epoch_records,
-            progress=lambda m: click.echo(f"[bench throughput] {m}", err=True),
-        )
-    except RunFailed as e:
-        click.echo(f"error: run failed: {e}", err=True)
-        sys.exit(1)
-    except NosyncError as e:
-        raise click.UsageError(str(e)) from None
-    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
-    if not as_json:
-        click.echo(throughput.render(result))
+    _report(
+        "throughput",
+        lambda progress: throughput.run(
+            mode, workers, records, keys, master=master, sink=sink, epoch_records=epoch_records, progress=progress
+        ),
+        throughput.render,
+        as_json,
+    )
 
 
 def _modes(value: str) -> list[str]:
@@ -120,11 +125,12 @@ def _modes(value: str) -> list[str]:
 def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, master, as_json) -> None:
     """keyed_count under each mode, with each mode's ratio to mode none, in one command."""
     from experiments.bench import compare
-    from nosync.errors import NosyncError, RunFailed
 
-    try:
-        result = compare.run(
-            _modes(modes),
+    picked = _modes(modes)
+    _report(
+        "compare",
+        lambda progress: compare.run(
+            picked,
             workers,
             records,
             keys,
@@ -132,16 +138,11 @@ def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, mast
             reps=reps,
             master=master,
             checkpoint_ms=checkpoint_ms,
-            progress=lambda m: click.echo(f"[bench compare] {m}", err=True),
-        )
-    except RunFailed as e:
-        click.echo(f"error: run failed: {e}", err=True)
-        sys.exit(1)
-    except NosyncError as e:
-        raise click.UsageError(str(e)) from None
-    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
-    if not as_json:
-        click.echo(compare.render(result))
+            progress=progress,
+        ),
+        compare.render,
+        as_json,
+    )
 
 
 @bench.command("recovery")
@@ -155,26 +156,15 @@ def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, mast
 def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json) -> None:
     """Kills one worker mid-run; prints recovery time and records reprocessed per mode."""
     from experiments.bench import recovery
-    from nosync.errors import NosyncError, RunFailed
 
     picked = _modes(modes)
     if "none" in picked:
         raise click.UsageError("mode none does not recover; give modes that do (abs, nosync, replay)")
-    try:
-        result = recovery.run(
-            picked,
-            workers,
-            keys,
-            records=records,
-            master=master,
-            checkpoint_ms=checkpoint_ms,
-            progress=lambda m: click.echo(f"[bench recovery] {m}", err=True),
-        )
-    except RunFailed as e:
-        click.echo(f"error: run failed: {e}", err=True)
-        sys.exit(1)
-    except NosyncError as e:
-        raise click.UsageError(str(e)) from None
-    click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
-    if not as_json:
-        click.echo(recovery.render(result))
+    _report(
+        "recovery",
+        lambda progress: recovery.run(
+            picked, workers, keys, records=records, master=master, checkpoint_ms=checkpoint_ms, progress=progress
+        ),
+        recovery.render,
+        as_json,
+    )

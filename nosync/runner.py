@@ -206,8 +206,7 @@ def run(
     samples.append(p)
     if summary.get("recoveries"):
         metrics.add_recovery_times(summary["recoveries"], samples, launched)
-    tables = driver_mode.tables() if hasattr(driver_mode, "tables") else {}
-    metrics.write(run_dir, summary, samples, coord.done, tables)
+    metrics.write(run_dir, summary, samples, coord.done, driver_mode.tables())
     return RunResult(summary, run_dir)
 
 

@@ -663,7 +663,6 @@ class Worker:
 
     def run(self) -> dict:
         self._register()
-        sel = None
         try:
             pipeline = load_pipeline(self.spec["pipeline_file"], self.spec.get("params"))
             p = plan(pipeline, self.workers)
@@ -696,8 +695,6 @@ class Worker:
             for c in [*self.out.values(), *self.inc.values(), self.ctrl_conn]:
                 c.close()
             self.listener.close()
-            if sel is not None:
-                sel.close()
         return {"worker": self.index, "attempt": self.attempt, "read": self.counters()["read"]}
 
     def _loop(self) -> None:

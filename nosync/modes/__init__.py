@@ -106,6 +106,10 @@ class Mode:
         """What the mode adds to the run's summary."""
         return {}
 
+    def tables(self) -> dict[str, list[dict]]:
+        """Tables the mode adds to the run directory: file name (without .parquet) -> rows."""
+        return {}
+
     def close(self, coordinator: Any) -> None:
         """The run ended (finished or failed)."""
 

@@ -290,6 +290,7 @@ class AbsMode(Mode):
         self.read_at: dict[int, int] = {}
         self.recoveries: list[dict] = []
         self.fallbacks: list[str] = []
+        self._idle_at: float | None = None
 
     def worker_options(self) -> dict:
         return {"checkpoint_tier": self.options.get("checkpoint_tier", "disk")}
@@ -318,7 +319,7 @@ class AbsMode(Mode):
         if not idle:
             self._idle_at = None
             return float("inf")
-        if getattr(self, "_idle_at", None) is None:
+        if self._idle_at is None:
             self._idle_at = time.monotonic()
         return self._idle_at
 
