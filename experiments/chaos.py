@@ -13,12 +13,12 @@ records (or keys) of the reference missing from the chaos run, or with another v
 `duplicated` counts records (or keys) of the chaos run beyond the reference. If the two
 reference runs differ, the pipeline is reported as not deterministic and nothing is judged.
 
-Kills: the victim and the moment are drawn from `random.Random(seed)`. The first kill waits
-for the first completed checkpoint (or safe point); each kill after it waits until the run is
-running again after the previous recovery. Each then waits a random delay, up to its share
-of the time the reference run spent between its first checkpoint and its end, so that the
-kills fall inside the run. The victim's pid comes from the coordinator's events
-(`events.jsonl`: the newest registration of that worker).
+Kills: the victim and the moment are drawn from `random.Random(seed)`, measured in the run's
+own progress so that they fall inside it however fast it goes: each kill waits until the run
+is running (again, after the previous recovery), lets a random number of progress events
+(completed checkpoints, or safe points) pass, within the kills' share of those the reference
+runs had, then a random delay within half the time between two of them. The victim's pid
+comes from the coordinator's events (`events.jsonl`: the newest registration of that worker).
 """
 
 from __future__ import annotations
@@ -167,34 +167,47 @@ def run_chaos(
     options: dict,
     kills: int,
     rng: random.Random,
-    span_s: float,
+    plan: dict,
     timeout: float,
     progress: Any,
 ) -> tuple[dict, list]:
-    """The run with kills; returns its summary and, per kill, (time, worker, pid, recovered_at)."""
+    """The run with kills; returns its summary and, per kill, its time, victim and pid.
+
+    `plan` comes from the reference runs: `skip`, how many progress events (completed
+    checkpoints or safe points) a kill may let pass before it, and `gap_s`, the time between
+    two of them. Each kill waits for the run to be running (again), lets 0..skip progress
+    events pass, then a random delay within half a gap: a random moment that the run still
+    has ahead of it even when this run is faster than the references were."""
     proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
     events = Events(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
     deadline = time.monotonic() + timeout
-    gap = max(0.05, span_s / kills)
+
+    def ended() -> bool:
+        return (
+            proc.poll() is not None
+            or time.monotonic() > deadline
+            or any(e["event"] in ("finished", "failed") for e in events.seen)
+        )
+
     try:
-        while len(done) < kills and proc.poll() is None and time.monotonic() < deadline:
-            events.poll()
-            # wait for something to recover from, and for the previous recovery to finish
-            last_regroup = max((i for i, e in enumerate(events.seen) if e["event"] == "regroup"), default=-1)
-            running_after = any(e["event"] == "running" for e in events.seen[last_regroup + 1 :])
-            progressed = any(e["event"] in PROGRESS_EVENTS for e in events.seen)
-            if not progressed or (last_regroup >= 0 and not running_after):
-                time.sleep(0.02)
-                continue
-            delay = rng.uniform(0, gap)
+        while len(done) < kills and not ended():
+            skip = rng.randint(0, plan["skip"])
+            delay = rng.uniform(0, plan["gap_s"] / 2)
             victim = rng.randrange(workers)
+            # the first progress event after the run was last (re)started, then `skip` more
+            start = max((i for i, e in enumerate(events.seen) if e["event"] == "running"), default=None)
+            while not ended():
+                events.poll()
+                if start is None:
+                    start = next((i for i, e in enumerate(events.seen) if e["event"] == "running"), None)
+                if start is not None and sum(1 for e in events.seen[start:] if e["event"] in PROGRESS_EVENTS) > skip:
+                    break
+                time.sleep(0.01)
             time.sleep(delay)
             events.poll()
             pid = events.pid_of(victim)
-            if proc.poll() is not None or pid is None:
-                break
-            if any(e["event"] == "finished" for e in events.seen):
+            if ended() or pid is None:
                 break
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -203,14 +216,13 @@ def run_chaos(
             kill = {"t": time.time(), "worker": victim, "pid": pid}
             done.append(kill)
             progress(f"killed worker {victim} (pid {pid})")
-            # the kill counts once the coordinator has seen it
-            while proc.poll() is None and time.monotonic() < deadline:
+            # the next kill waits for the run to be running again after this one
+            while not ended():
                 events.poll()
-                if any(
-                    e["event"] in ("regroup", "finished", "failed") and e["t"] >= kill["t"] - 0.5 for e in events.seen
-                ):
+                regroups = [i for i, e in enumerate(events.seen) if e["event"] == "regroup" and e["t"] >= kill["t"] - 1]
+                if regroups and any(e["event"] == "running" for e in events.seen[regroups[-1] :]):
                     break
-                time.sleep(0.02)
+                time.sleep(0.01)
         summary = _finish(proc, run_dir, max(1.0, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:
@@ -221,6 +233,25 @@ def run_chaos(
         back = [e["t"] for e in events.seen if e["event"] == "running" and e["t"] > k["t"]]
         k["recovery_s"] = (back[0] - k["t"]) if back else None
     return summary, done
+
+
+def kill_plan(reference_dirs: list[str], kills: int) -> dict:
+    """How far into a run kills may go, from the failure-free runs: the fewest progress events
+    a reference run had before it finished, shared among the kills (the last one left out, as
+    it may come with the end), and the median time between two of them."""
+    counts, gaps = [], []
+    for d in reference_dirs:
+        ev = Events(os.path.join(d, "events.jsonl"))
+        ev.poll()
+        end = next((e["t"] for e in ev.seen if e["event"] == "finished"), float("inf"))
+        ts = [e["t"] for e in ev.seen if e["event"] in PROGRESS_EVENTS and e["t"] < end]
+        counts.append(len(ts))
+        gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    gaps.sort()
+    return {
+        "skip": max(0, (min(counts, default=0) - 1) // kills - 1),
+        "gap_s": gaps[len(gaps) // 2] if gaps else 0.2,
+    }
 
 
 def chaos(
@@ -251,7 +282,7 @@ def chaos(
         return committed_outputs(pipeline_file, {**params, "output": os.path.join(run_dir, "output")})
 
     progress("reference run")
-    ref_summary = run_reference(pipeline_file, dirs["reference"], mode, workers, params, options, timeout)
+    run_reference(pipeline_file, dirs["reference"], mode, workers, params, options, timeout)
     progress("second reference run (determinism)")
     run_reference(pipeline_file, dirs["reference-2"], mode, workers, params, options, timeout)
     ref = outputs(dirs["reference"])
@@ -269,14 +300,10 @@ def chaos(
         result.update(deterministic=False, exactly_once=None, judged=False, reference_diff=again)
         return result
     rng = random.Random(seed)
-    ref_events = Events(os.path.join(dirs["reference"], "events.jsonl"))
-    ref_events.poll()
-    first = [e["t"] for e in ref_events.seen if e["event"] in PROGRESS_EVENTS]
-    end = [e["t"] for e in ref_events.seen if e["event"] == "finished"]
-    span = 0.8 * (end[-1] - first[0]) if first and end else float(ref_summary.get("processing_s") or 1.0)
+    plan = kill_plan([dirs["reference"], dirs["reference-2"]], kills)
     progress(f"chaos run: {kills} kill(s), seed {seed}")
     summary, done = run_chaos(
-        pipeline_file, dirs["chaos"], mode, workers, params, options, kills, rng, span, timeout, progress
+        pipeline_file, dirs["chaos"], mode, workers, params, options, kills, rng, plan, timeout, progress
     )
     per_sink = compare(ref, outputs(dirs["chaos"]))
     lost = sum(s.get("lost", 0) for s in per_sink.values())

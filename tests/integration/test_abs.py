@@ -59,7 +59,7 @@ def workload_params(name: str, tmp_path) -> dict:
         return {"input": str(tmp_path / "*.txt")}
     if name == "keyed_count":
         return {"records": "3000000", "keys": "20000"}
-    return {"bids": "500000"}
+    return {"bids": "1500000"}
 
 
 CASES = [("wordcount", 2, 1), ("keyed_count", 3, 2), ("nexmark", 2, 3), ("nexmark", 3, 1)]
