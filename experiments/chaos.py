@@ -237,8 +237,9 @@ def run_chaos(
 
 def kill_plan(reference_dirs: list[str], kills: int) -> dict:
     """How far into a run kills may go, from the failure-free runs: the fewest progress events
-    a reference run had before it finished, shared among the kills (the last one left out, as
-    it may come with the end), and the median time between two of them."""
+    a reference run had before it finished, less the last two (the checkpoints that come with
+    the end of the input), shared among the kills with a margin for a run that checkpoints less
+    often; and the median time between two of them."""
     counts, gaps = [], []
     for d in reference_dirs:
         ev = Events(os.path.join(d, "events.jsonl"))
@@ -249,7 +250,7 @@ def kill_plan(reference_dirs: list[str], kills: int) -> dict:
         gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
     gaps.sort()
     return {
-        "skip": max(0, (min(counts, default=0) - 1) // kills - 1),
+        "skip": max(0, (min(counts, default=0) - 2) // (kills + 1) - 1),
         "gap_s": gaps[len(gaps) // 2] if gaps else 0.2,
     }
 

@@ -1,0 +1,62 @@
+"""The judge's own arithmetic (experiments/chaos.py): lost and duplicated records of file sinks
+(multisets) and upsert sinks (final maps), and how far into a run its kills may go. Expected
+numbers are counted by hand from the inputs written here."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+from experiments.chaos import canonical, compare, kill_plan
+
+
+def multiset(*records) -> tuple[str, collections.Counter]:
+    return "multiset", collections.Counter(canonical(r) for r in records)
+
+
+def test_files_sink_counts_lost_and_duplicated_records():
+    ref = {"out": multiset(["a", 1], ["a", 2], ["b", 1], ["b", 1])}
+    got = {"out": multiset(["a", 1], ["a", 1], ["b", 1], ["c", 9])}
+    # lost: ["a", 2] and one of the two ["b", 1]; duplicated: the second ["a", 1] and ["c", 9]
+    assert compare(ref, got)["out"] == {"kind": "files", "records": 4, "lost": 2, "duplicated": 2}
+
+
+def test_records_compare_as_values_not_as_text():
+    """A tuple and a list, or a dict with its keys in another order, are the same record."""
+    ref = {"out": multiset({"k": 1, "v": (1, 2)})}
+    got = {"out": multiset({"v": [1, 2], "k": 1})}
+    assert compare(ref, got)["out"]["lost"] == 0 and compare(ref, got)["out"]["duplicated"] == 0
+
+
+def test_upsert_sink_counts_missing_wrong_and_extra_keys():
+    ref = {"kv": ("map", {canonical("a"): canonical(3), canonical("b"): canonical(1)})}
+    got = {"kv": ("map", {canonical("a"): canonical(2), canonical("z"): canonical(1)})}
+    r = compare(ref, got)["kv"]
+    assert (r["lost"], r["wrong_values"], r["duplicated"], r["keys"]) == (2, 1, 1, 2)
+
+
+def test_a_sink_missing_from_the_run_loses_everything():
+    ref = {"out": multiset(1, 2, 3)}
+    assert compare(ref, {})["out"]["lost"] == 3
+
+
+def write_events(path, events) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_kill_plan_leaves_the_end_of_the_run_out(tmp_path):
+    def run(name, progress_times, end):
+        events = [{"t": 0.0, "event": "running"}]
+        events += [{"t": t, "event": "checkpoint_completed"} for t in progress_times]
+        events += [{"t": end, "event": "finished"}, {"t": end + 0.1, "event": "checkpoint_completed"}]
+        write_events(tmp_path / name / "events.jsonl", events)
+        return str(tmp_path / name)
+
+    a = run("a", [1.0, 2.0, 3.0, 4.0, 5.0, 5.1], 5.2)  # 6 before the end (the one after it does not count)
+    b = run("b", [1.0, 3.0, 5.0, 7.0, 9.0, 9.5, 9.6], 9.7)  # 7
+    # the fewest (6), less the two that come with the end (4), shared by kills + 1, less one
+    assert kill_plan([a, b], 1)["skip"] == 4 // 2 - 1
+    assert kill_plan([a, b], 3)["skip"] == 0
+    gaps = sorted([1.0, 1.0, 1.0, 1.0, 0.1] + [2.0, 2.0, 2.0, 2.0, 0.5, 0.1])
+    assert kill_plan([a, b], 1)["gap_s"] == gaps[len(gaps) // 2]
