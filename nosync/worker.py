@@ -227,9 +227,6 @@ class SourceOp(Op):
         st["skip"] = i + len(recs)
         return recs
 
-    def _exhausted(self, st: dict) -> bool:
-        return st["done"]
-
     def poll(self) -> bool:
         """Reads and pushes one chunk; returns False once the source is exhausted."""
         if self.finished:
@@ -343,12 +340,16 @@ class Worker:
             {"role": "worker", "worker": self.index, "attempt": self.attempt, "run": self.spec["run_id"]},
         )
         self.ctrl_conn = channels.Connection(sock, "coordinator")
+        self._send_register(-1)
+
+    def _send_register(self, gen: int) -> None:
+        """Registers for generation `gen` (-1: whichever the coordinator is in)."""
         self.send_ctrl(
             {
                 "type": "register",
                 "worker": self.index,
                 "attempt": self.attempt,
-                "gen": -1,
+                "gen": gen,
                 "addr": self.address,
                 "pid": os.getpid(),
             }
@@ -409,16 +410,7 @@ class Worker:
                     return {}
                 if self._rejoin is not None:
                     g, self._rejoin = self._rejoin, None
-                    self.send_ctrl(
-                        {
-                            "type": "register",
-                            "worker": self.index,
-                            "attempt": self.attempt,
-                            "gen": g,
-                            "addr": self.address,
-                            "pid": os.getpid(),
-                        }
-                    )
+                    self._send_register(g)
                 peers = self._peers
                 if peers is not None and (self._rejoin is None or int(peers["gen"]) >= self._rejoin):
                     self._peers = None

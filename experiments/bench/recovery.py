@@ -11,25 +11,16 @@ detection delay), and `records_reprocessed` (records read again because of the f
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import tempfile
 from typing import Any
 
+from experiments.chaos import PROGRESS_EVENTS, Events
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(os.path.dirname(HERE), "workloads", "keyed_count.py")
-PROGRESS_EVENTS = ("checkpoint_completed", "safe_point")
-
-
-def _events(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, "events.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    return [json.loads(line) for line in lines if line.strip().endswith("}")]
 
 
 def run(
@@ -53,16 +44,19 @@ def run(
             d = os.path.join(work, mode)
             killed: dict = {}
             victim = workers - 1
+            events = Events(os.path.join(d, "events.jsonl"))
 
-            def watch(p: dict, d: str = d, killed: dict = killed, victim: int = victim, mode: str = mode) -> None:
+            def watch(
+                p: dict, events: Events = events, killed: dict = killed, victim: int = victim, mode: str = mode
+            ) -> None:
                 if killed or p["read"] < records // 2:
                     return
-                events = _events(d)
-                if not any(e["event"] in PROGRESS_EVENTS for e in events):
+                events.poll()
+                if not any(e["event"] in PROGRESS_EVENTS for e in events.seen):
                     return
-                regs = [e for e in events if e["event"] == "registered" and e["worker"] == victim]
-                if regs:
-                    os.kill(regs[-1]["pid"], signal.SIGKILL)
+                pid = events.pid_of(victim)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
                     killed["at_read"] = p["read"]
                     progress(f"mode {mode}: killed worker {victim} at {p['read']:,} records read")
 

@@ -281,7 +281,6 @@ class AbsMode(Mode):
         self.resume = bool(o.get("resume"))
         ids = checkpoints.completed(self.run_dir) if self.run_dir else []
         self.next_id = (ids[-1] + 1) if ids else 1
-        self.latest = ids[-1] if ids else -1
         self.pending: dict[int, dict] = {}
         self.last_trigger = 0.0
         self.completed_rows: list[dict] = []
@@ -353,7 +352,6 @@ class AbsMode(Mode):
         del self.pending[n]
         for older in [c for c in self.pending if c < n]:
             self._abort(coord, older, f"subsumed by checkpoint {n}")
-        self.latest = n
         duration = (time.monotonic() - p["t0"]) * 1000
         size = 0
         stall = 0.0
@@ -403,7 +401,6 @@ class AbsMode(Mode):
                 f"{checkpoints.path_of(self.run_dir, c)} is a checkpoint of pipeline '{body.get('pipeline')}', "
                 f"not '{self.pipeline}'"
             )
-        self.latest = c
         if self.recoveries and "checkpoint" not in self.recoveries[-1]:
             r = self.recoveries[-1]
             r["checkpoint"] = c
