@@ -29,7 +29,11 @@ from nosync.errors import AuthError, FrameError, RunFailed
 
 log = logging.getLogger("nosync.coordinator")
 
-HEARTBEAT_TIMEOUT_S = 5.0
+HEARTBEAT_TIMEOUT_S = 30.0
+"""A worker silent this long is lost. A killed worker's connection drops at once; this bound is
+for one that hangs, so it must exceed the longest step a busy worker takes between two
+heartbeats (replaying what an alignment held, a large snapshot): at 5 s, busy workers of
+nexmark were taken for dead in chaos runs and recovered for nothing."""
 
 
 class Coordinator:
