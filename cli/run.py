@@ -36,7 +36,7 @@ from cli.common import parse_params
     type=click.Choice(["disk", "remote"]),
     default="disk",
     show_default=True,
-    help="abs: where a snapshot must be durable before it is acknowledged.",
+    help="abs, nosync: where a snapshot must be durable before it counts.",
 )
 @click.option("--max-concurrent-checkpoints", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
@@ -52,7 +52,25 @@ from cli.common import parse_params
     default=None,
     help="Recoveries a run survives before it fails (default: unlimited).",
 )
-@click.option("--resume", is_flag=True, help="Continue the run in --run-dir from its last completed checkpoint.")
+@click.option(
+    "--persist-ms",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="nosync: how often each worker snapshots its log (alone, no barrier).",
+)
+@click.option(
+    "--max-unpersisted-mb",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="nosync: snapshot bytes not yet durable above which sources wait (backpressure).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run in --run-dir (abs: its last completed checkpoint; nosync: every worker's last snapshot).",
+)
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")
 def run_cmd(
     pipeline_file,
@@ -70,6 +88,8 @@ def run_cmd(
     max_concurrent_checkpoints,
     checkpoint_timeout_ms,
     max_restarts,
+    persist_ms,
+    max_unpersisted_mb,
     resume,
     params,
 ) -> None:
@@ -118,6 +138,8 @@ def run_cmd(
             checkpoint_timeout_ms=checkpoint_timeout_ms,
             max_restarts=max_restarts,
             resume=resume,
+            persist_ms=persist_ms,
+            max_unpersisted_mb=max_unpersisted_mb,
         )
     except PipelineError as e:
         if tty:

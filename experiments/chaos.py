@@ -216,11 +216,14 @@ def run_chaos(
             kill = {"t": time.time(), "worker": victim, "pid": pid}
             done.append(kill)
             progress(f"killed worker {victim} (pid {pid})")
-            # the next kill waits for the run to be running again after this one
+            # the next kill waits for the run to be running again after this one: every worker
+            # (a regroup), or the lost one alone (a worker that recovered by itself)
             while not ended():
                 events.poll()
                 regroups = [i for i, e in enumerate(events.seen) if e["event"] == "regroup" and e["t"] >= kill["t"] - 1]
                 if regroups and any(e["event"] == "running" for e in events.seen[regroups[-1] :]):
+                    break
+                if any(e["event"] == "recovered" and e["t"] >= kill["t"] for e in events.seen):
                     break
                 time.sleep(0.01)
         summary = _finish(proc, run_dir, max(1.0, deadline - time.monotonic()))
@@ -230,7 +233,7 @@ def run_chaos(
             proc.wait()
     events.poll()
     for k in done:
-        back = [e["t"] for e in events.seen if e["event"] == "running" and e["t"] > k["t"]]
+        back = [e["t"] for e in events.seen if e["event"] in ("running", "recovered") and e["t"] > k["t"]]
         k["recovery_s"] = (back[0] - k["t"]) if back else None
     return summary, done
 

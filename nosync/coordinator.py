@@ -332,6 +332,9 @@ class Coordinator:
             return
         if len(self.members) == self.workers and all(x in self.conns for x in range(self.workers)):
             if self.peers_sent == self.gen:
+                if new_attempt and gen == -1:
+                    # a retried task joins a generation already running
+                    self.mode.on_rejoin(self, w, attempt, self.members[w])
                 return
             self.peers_sent = self.gen
             extra = self.mode.on_generation(self, self.gen)

@@ -38,7 +38,12 @@ EVENT = 5
 """An in-band event on an exchange edge, after every record sent before it (a checkpoint
 barrier). Header: edge; body: the event (a map)."""
 
-KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL, EVENT})
+LINEAGE = 6
+"""Sent once each way when two workers (re)connect in mode nosync: header 'resume' (the first
+chan_seq the receiver should send again) and 'lin' (lineage entries the sender holds for the
+receiver, by origin)."""
+
+KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL, EVENT, LINEAGE})
 
 
 class Frame(NamedTuple):
@@ -57,6 +62,17 @@ def encode(kind: int, header: dict, body: Any = None) -> bytes:
     if n > MAX_FRAME:
         raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
     return PREFIX.pack(n, VERSION, kind, len(h)) + h + b
+
+
+def encode_packed(kind: int, header: dict, body: bytes) -> bytes:
+    """The bytes of one frame whose body is already msgpack (so that it can be fingerprinted)."""
+    h = msgpack.packb(header, use_bin_type=True)
+    if len(h) > MAX_HEADER:
+        raise FrameError(f"frame header of {len(h)} bytes exceeds the {MAX_HEADER}-byte limit")
+    n = 4 + len(h) + len(body)
+    if n > MAX_FRAME:
+        raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
+    return PREFIX.pack(n, VERSION, kind, len(h)) + h + body
 
 
 def _unpack(data: bytes | memoryview, what: str) -> Any:

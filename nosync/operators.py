@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lsm import TOMBSTONE
-from lsm.keys import check_keys
+from lsm.keys import check_keys, encode_key
 from nosync import statecodec
 from nosync.errors import PipelineError, RunFailed
 from nosync.pipeline import Node
@@ -63,6 +63,8 @@ class Op:
         self.held: list = []
         self.held_records = 0
         self.track_dirty = False
+        self.loader: Callable[[Any], Any] | None = None
+        """Keyed operators restored lazily: key -> saved value (or MISSING_STATE)."""
 
     def connect(self, push: Callable, marker: Callable, channel: Any, event: Callable | None = None) -> None:
         """Sends this operator's output to (push, marker, event), tagged with `channel`."""
@@ -117,6 +119,8 @@ class Op:
             self.held_records += len(records)
             return
         t = time.perf_counter()
+        if self.loader is not None:
+            self.fault_in(records)
         self.records_in += len(records)
         if epoch > self.last_epoch:
             self.last_epoch = epoch
@@ -266,6 +270,26 @@ class KeyedOp(Op):
         self.dirty = set()
         return out
 
+    def lazy(self, loader: Callable[[Any], Any]) -> None:
+        """Restores lazily: a key's saved value is loaded by `loader(key)` (MISSING_STATE when
+        it has none) the first time a record touches it, so a restore costs nothing up front."""
+        self.loader = loader
+        self.looked: set = set()
+
+    def fault_in(self, records: list) -> None:
+        state = self.state
+        looked = self.looked
+        load = self.loader
+        unpack = statecodec.unpack
+        for r in records:
+            k = r[0]
+            if k in state or k in looked:
+                continue
+            looked.add(k)
+            v = load(k)
+            if v is not MISSING_STATE:
+                state[k] = unpack(v) if type(v) is bytes else v
+
     def restore_keyed(self, items: Any, keepalive: Callable[[], None] = lambda: None) -> None:
         """Loads (key, saved value) pairs written by `take_updates`."""
         state = self.state
@@ -385,7 +409,8 @@ class WindowOp(KeyedOp):
         if not final and wm is None:
             return
         dirty = self.dirty if self.track_dirty else None
-        for k in list(self.state):
+        # in key order, not arrival order: a restored instance emits the same output
+        for k in sorted(self.state, key=encode_key):
             wins = self.state[k]
             closing = [start for start in sorted(wins) if final or start + size <= wm]
             if not closing:
@@ -576,6 +601,8 @@ class SinkOp(Op):
 
 
 _MISSING = object()
+MISSING_STATE = object()
+"""What a lazy loader returns for a key without saved state."""
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 

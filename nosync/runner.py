@@ -61,6 +61,8 @@ def run(
     checkpoint_timeout_ms: int = 60_000,
     max_restarts: int | None = None,
     resume: bool = False,
+    persist_ms: int = 200,
+    max_unpersisted_mb: int = 256,
 ) -> RunResult:
     if workers < 1:
         raise NosyncError(f"--workers must be at least 1, got {workers}")
@@ -90,6 +92,9 @@ def run(
             "run_dir": run_dir,
             "pipeline": pipeline.name,
             "resume": resume,
+            "persist_ms": persist_ms,
+            "persist_tier": checkpoint_tier,
+            "max_unpersisted_mb": max_unpersisted_mb,
         },
     )
     if driver_mode.requires_replayable_sources:

@@ -145,9 +145,15 @@ class Router:
         if not recs:
             return
         self.buffers[d] = []
-        self.w.out[d].send(
-            frames.encode(frames.DATA, {"edge": self.edge, "epoch": self.buffer_epoch[d], "ts": self.w.clock.ts}, recs)
+        w = self.w
+        w.hooks.send_frame(
+            w, d, frames.DATA, {"edge": self.edge, "epoch": self.buffer_epoch[d], "ts": w.clock.ts}, recs
         )
+
+    def due(self, older_than: float) -> list[int]:
+        """The destinations whose buffer is older than `older_than` seconds."""
+        now = time.monotonic()
+        return [d for d in range(self.n) if self.buffers[d] and now - self.buffer_since[d] >= older_than]
 
     def flush(self, older_than: float | None = None) -> None:
         now = time.monotonic()
@@ -157,11 +163,10 @@ class Router:
 
     def _broadcast(self, kind: int, header: dict, body: Any = None) -> None:
         self.flush()
-        if self.n > 1:
-            data = frames.encode(kind, header, body)
-            for d in range(self.n):
-                if d != self.me:
-                    self.w.out[d].send(data)
+        w = self.w
+        for d in range(self.n):
+            if d != self.me:
+                w.hooks.send_frame(w, d, kind, header, body)
 
     def marker(self, _chan: Any, epoch: int, wm: Any, eos: bool) -> None:
         self._broadcast(frames.MARKER, {"edge": self.edge, "epoch": epoch, "wm": wm, "eos": eos})
@@ -227,14 +232,19 @@ class SourceOp(Op):
         st["skip"] = i + len(recs)
         return recs
 
-    def poll(self) -> bool:
-        """Reads and pushes one chunk; returns False once the source is exhausted."""
+    def time_epoch(self) -> int:
+        """The epoch the clock says (sources cut by --epoch-ms)."""
+        return int((time.monotonic() - self.started) * 1000 // self.w.epoch_ms)
+
+    def poll(self, now_epoch: int | None = None) -> bool:
+        """Reads and pushes one chunk; returns False once the source is exhausted. With
+        --epoch-ms, `now_epoch` is the clock's epoch to use (a replay repeats the one logged)."""
         if self.finished:
             return False
         w = self.w
         per_epoch = w.epoch_records
         if w.epoch_ms:
-            e = int((time.monotonic() - self.started) * 1000 // w.epoch_ms)
+            e = self.time_epoch() if now_epoch is None else now_epoch
             if e > self.epoch:
                 self._close_epoch(e - 1)
                 self.epoch = e
@@ -327,6 +337,7 @@ class Worker:
         self._next_beat = 0.0
         self._rejoin: int | None = None
         self._finish = False
+        self.sel: selectors.BaseSelector | None = None
 
     # -- the coordinator ---------------------------------------------------------------
 
@@ -454,7 +465,9 @@ class Worker:
             for j in range(self.workers):
                 if j != self.index:
                     s = channels.connect(
-                        tuple(peers[j]), self.secret, {"role": "data", "from": self.index, "to": j, "gen": gen}
+                        tuple(peers[j]),
+                        self.secret,
+                        {"role": "data", "from": self.index, "to": j, "gen": gen, "attempt": self.attempt},
                     )
                     self.out[j] = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
             deadline = time.monotonic() + 60
@@ -596,6 +609,11 @@ class Worker:
         self.dead_letters += 1
 
     def _handle_data(self, j: int, f: frames.Frame) -> None:
+        if self.hooks.accept_frame(self, j, f):
+            self.process_frame(j, f)
+
+    def process_frame(self, j: int, f: frames.Frame) -> None:
+        """Hands a data, marker or event frame from worker `j` to its operator, then credits it."""
         h = f.header
         dst = self._edge_dst.get(h.get("edge"))
         if dst is None:
@@ -611,9 +629,15 @@ class Worker:
             dst.event(("x", h["edge"], j), f.body)
         else:
             raise FrameError(f"unexpected frame kind {f.kind} on a data channel")
+        self.credit(j)
+
+    def credit(self, j: int) -> None:
+        """One more frame from worker `j` was processed (or dropped): return credits in bulk."""
         n = self._pending_credits.get(j, 0) + 1
         if n >= channels.INITIAL_CREDITS // 4:
-            self.inc[j].send_uncounted(frames.encode(frames.CREDIT, {"frames": n}))
+            c = self.inc.get(j)
+            if c is not None and not c.closed:
+                c.send_uncounted(frames.encode(frames.CREDIT, {"frames": n}))
             n = 0
         self._pending_credits[j] = n
 
@@ -691,8 +715,11 @@ class Worker:
 
     def _loop(self) -> None:
         """Runs the current generation until finish (returns) or a rejoin (raises Rejoin)."""
-        sel = selectors.DefaultSelector()
+        sel = self.sel = selectors.DefaultSelector()
         sel.register(self.ctrl_conn.sock, selectors.EVENT_READ, ("ctrl", -1, self.ctrl_conn))
+        if self.hooks.accepts_peers:
+            # a recovering peer connects again while this worker runs on
+            sel.register(self.listener, selectors.EVENT_READ, ("listen", -1, None))
         for j, c in self.inc.items():
             sel.register(c.sock, selectors.EVENT_READ, ("in", j, c))
         for j, c in self.out.items():
@@ -706,11 +733,16 @@ class Worker:
                 if self._rejoin is not None:
                     raise Rejoin(self._rejoin)
                 backlog = max((c.backlog for c in self.out.values()), default=0)
-                busy = bool(active_sources) and backlog < MAX_BACKLOG_FRAMES
+                busy = bool(active_sources) and backlog < MAX_BACKLOG_FRAMES and hooks.may_read(self)
                 for key, _ in sel.select(0 if busy else 0.002):
                     kind, j, conn = key.data
                     if kind == "ctrl":
                         self._read_ctrl()
+                        continue
+                    if kind == "listen":
+                        self._accept_peer()
+                        continue
+                    if conn.closed:
                         continue
                     try:
                         for f in conn.receive():
@@ -723,8 +755,7 @@ class Worker:
                     except FrameError as e:
                         # never executes or crashes on bad input: the channel goes, the
                         # coordinator hears why, and the mode decides what becomes of the run
-                        sel.unregister(conn.sock)
-                        conn.close()
+                        self._detach(conn)
                         log.error("worker %s closed its channel with worker %s: %s", self.index, j, e)
                         self.send_ctrl(
                             {
@@ -733,27 +764,22 @@ class Worker:
                             }
                         )
                     except ConnectionError as e:
-                        sel.unregister(conn.sock)
-                        conn.close()
+                        self._detach(conn)
                         if kind == "in" and self.inc_finished(j):
                             continue
                         if kind == "out" and done_sent:
                             continue
                         if hooks.recovers:
-                            continue  # the coordinator sees the peer's end and says rejoin
+                            # the coordinator sees the peer's end and says what follows
+                            self.peer_down(j)
+                            continue
                         raise RunFailed(f"worker {self.index}: channel with worker {j} closed: {e}") from e
                 if busy:
                     for s in list(active_sources):
-                        if not s.poll():
+                        if not hooks.poll_source(self, s):
                             active_sources.remove(s)
-                for r in self.routers:
-                    r.flush(self.linger_s)
-                for c in self.out.values():
-                    if c.out_bytes and not c.closed:
-                        c.flush()
-                for c in self.inc.values():
-                    if c.out_bytes and not c.closed:
-                        c.flush()
+                hooks.flush_routers(self)
+                self._flush_peers()
                 hooks.poll(self)
                 if not idle_sent and not active_sources and all(s.frontier == EOS for s in self.sinks):
                     # the input is exhausted here: say so now, not at the next heartbeat, so that
@@ -768,6 +794,87 @@ class Worker:
                 self.keepalive()
         finally:
             sel.close()
+            self.sel = None
+
+    def _flush_peers(self) -> None:
+        """Writes what the data connections can take; a peer that went away is down."""
+        for conns in (self.out, self.inc):
+            for j, c in list(conns.items()):
+                if c.out_bytes and not c.closed:
+                    try:
+                        c.flush()
+                    except OSError:
+                        if not self.hooks.recovers:
+                            raise
+                        self.peer_down(j)
+
+    def _detach(self, conn: channels.Connection) -> None:
+        if self.sel is not None:
+            try:
+                self.sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+        conn.close()
+
+    def peer_down(self, j: int, attempt: int | None = None) -> None:
+        """Worker `j` is gone: both connections with it go (with `attempt`, only those opened
+        with that attempt or an earlier one); the mode keeps what it sends it."""
+        for conns in (self.out, self.inc):
+            c = conns.get(j)
+            if c is not None and (attempt is None or getattr(c, "attempt", -1) <= attempt):
+                del conns[j]
+                self._detach(c)
+        self._pending_credits.pop(j, None)
+        self.hooks.on_peer_down(self, j)
+
+    def attach(self, j: int, conn: channels.Connection, direction: str) -> None:
+        """Adds a data connection with worker `j` ("in" or "out") to the running loop."""
+        conns = self.inc if direction == "in" else self.out
+        old = conns.get(j)
+        if old is not None:
+            self._detach(old)
+        conns[j] = conn
+        if direction == "in":
+            self._pending_credits.pop(j, None)
+        if self.sel is not None:
+            self.sel.register(conn.sock, selectors.EVENT_READ, (direction, j, conn))
+
+    def connect_peer(self, j: int, address: list, attempt: int) -> channels.Connection:
+        """Opens this worker's sending connection to attempt `attempt` of worker `j` (a peer
+        that came back)."""
+        s = channels.connect(
+            tuple(address),
+            self.secret,
+            {"role": "data", "from": self.index, "to": j, "gen": self.gen, "attempt": self.attempt},
+        )
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
+        conn.attempt = attempt
+        self.attach(j, conn, "out")
+        return conn
+
+    def _accept_peer(self) -> None:
+        """A peer that came back connects to this running worker."""
+        try:
+            s, addr = self.listener.accept()
+        except (BlockingIOError, OSError):
+            return
+        try:
+            s.settimeout(10.0)
+            ident = channels.accept_handshake(s, self.secret)
+            if ident.get("role") != "data" or ident.get("to") != self.index or ident.get("gen") != self.gen:
+                raise AuthError(f"unexpected identity {ident} (generation {self.gen})")
+            j = int(ident["from"])
+            if not 0 <= j < self.workers or j == self.index:
+                raise AuthError(f"unexpected identity {ident}")
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (AuthError, OSError) as e:
+            channels.refuse(s, addr, e)
+            return
+        conn = channels.Connection(s, f"worker {j}")
+        conn.attempt = int(ident.get("attempt", 0))
+        self.attach(j, conn, "in")
+        self.hooks.on_peer_connected(self, j, conn, "in")
 
     def _report_error(self, e: BaseException) -> None:
         """Tells the coordinator why this worker stops, before its connection drops."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nosync import frames
 from nosync.errors import NosyncError
 
 MODES = ("none", "abs", "nosync", "replay")
@@ -41,9 +42,41 @@ class WorkerHooks:
     tracks_dirty = False
     recovers = False
     """Whether a lost peer is survivable: the worker waits to rejoin instead of failing."""
+    accepts_peers = False
+    """Whether a running worker accepts connections from a peer that came back (the peer
+    recovers alone; the others never leave their generation)."""
 
     def __init__(self, options: dict | None = None) -> None:
         self.options = dict(options or {})
+
+    # -- the data path (a mode that numbers and logs frames and steps overrides these) ----
+
+    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, body: Any) -> None:
+        """Sends a data, marker or event frame to worker `dest`."""
+        worker.out[dest].send(frames.encode(kind, header, body))
+
+    def accept_frame(self, worker: Any, source: int, frame: Any) -> bool:
+        """Whether a frame that arrived from worker `source` is processed now."""
+        return True
+
+    def poll_source(self, worker: Any, source: Any) -> bool:
+        """Reads one chunk of `source`; False once it is exhausted."""
+        return source.poll()
+
+    def flush_routers(self, worker: Any) -> None:
+        """Sends the exchange buffers that waited longer than the linger time."""
+        for r in worker.routers:
+            r.flush(worker.linger_s)
+
+    def may_read(self, worker: Any) -> bool:
+        """Whether sources may be read now (a mode may hold them back: persistence backpressure)."""
+        return True
+
+    def on_peer_down(self, worker: Any, peer: int) -> None:
+        """The connections with worker `peer` dropped (modes that recover)."""
+
+    def on_peer_connected(self, worker: Any, peer: int, conn: Any, direction: str) -> None:
+        """A peer that came back opened a connection to this running worker."""
 
     def on_start(self, worker: Any, peers: dict) -> None:
         pass
@@ -93,6 +126,10 @@ class Mode:
         """Every worker joined generation `gen`: what the peers message adds for them."""
         return {}
 
+    def on_rejoin(self, coordinator: Any, worker: int, attempt: int, address: list) -> None:
+        """A new attempt of `worker` registered while the others run on in the current
+        generation (a mode that recovers one worker alone); the default waits for a regroup."""
+
     def on_ready(self, coordinator: Any, worker: int, gen: int) -> None:
         """A worker started generation `gen` (restored, connected, about to process)."""
 
@@ -123,8 +160,12 @@ def _mode_class(name: str) -> type[Mode]:
         from nosync.modes.abs import AbsMode
 
         return AbsMode
+    if name == "nosync":
+        from nosync.modes.nosync import NosyncMode
+
+        return NosyncMode
     if name in MODES:
-        raise NosyncError(f"mode '{name}' is not built yet; modes available now: none, abs")
+        raise NosyncError(f"mode '{name}' is not built yet; modes available now: none, abs, nosync")
     raise NosyncError(f"unknown mode '{name}'; modes: {', '.join(MODES)}")
 
 

@@ -1,0 +1,721 @@
+"""Mode `nosync`: no barrier, no alignment; a failed worker recovers alone from its own log.
+
+Steady state. A worker is a deterministic state machine over the steps it takes, one thread
+taking them one at a time: read a chunk of a source, process a frame that arrived from a peer,
+flush an exchange buffer whose linger time ran out. Every step is numbered (`step`, the op_seq
+of every instance on the worker, since they all advance together) and logged as a lineage
+entry *before* it runs: ("s", source, epoch) — ("i", peer, chan_seq) — ("f", router, peer) —
+("F",), a flush of every buffer. Everything else an operator does is a function of its state
+and its input, so replaying the entries in order re-produces the same frames, bit for bit.
+
+Every frame on the link to a peer carries `(edge, chan_seq, epoch, fingerprint)` (chan_seq per
+link, the fingerprint an xxh64 of the encoded records) and, in its header, the lineage entries
+the receiver does not hold yet — the sender's own and those of every other worker it holds
+(causal logging: whoever received a frame holds the entries of every step the frame depends
+on, transitively). The frame stays in the sender's output log until the receiver's durable
+point covers it.
+
+Every `persist_ms` the worker takes a local snapshot between two steps, alone: exchange buffers
+are flushed (a logged step), sinks pre-commit what they staged, and one `append` to the
+worker's `lsm` store at seq = step carries the keyed updates of every instance since the last
+one (deletions as tombstones), the output-log frames added and trimmed since, and a small meta
+record (frontiers, source positions, sink pre-commits, chan_seq counters, the lineage held for
+others). The store's persister makes it durable in the background; the processing thread
+never waits, except when more than `max_unpersisted_mb` is not durable yet (backpressure, the
+stall time reported). A durable snapshot is reported to the coordinator as the worker's
+durable point (step, frontier, consumed and produced chan_seq per link); the coordinator
+broadcasts the points, which trim output logs and lineage everywhere, and the safe point
+(the least durable frontier): a sink commits a pre-commit once the safe point passes every
+epoch in it.
+
+Recovery of one worker. The survivors go on; what they send the dead worker stays in their
+output logs. Spark's retry of the task re-registers; the coordinator gives it the peers and
+tells the survivors where it is. It opens its store at its last durable snapshot (the disk
+tier, or the remote tier when the disk tier is gone), loads keyed state lazily (a key is read
+from the store when a record first touches it), and exchanges one LINEAGE frame with every
+survivor each way: the first chan_seq to send again, and the lineage entries held for the
+other. The merged entries after the snapshot are replayed in their order — sources read again
+from the snapshot's positions, frames taken from what the survivors resend — and re-produced
+frames that a survivor already processed are dropped by chan_seq after their fingerprint is
+checked. Then it runs live. A second worker lost while one recovers, or `run --resume`, makes
+every worker restore its own last snapshot and replay the same way (a new generation).
+
+Left out: the rollback cascade for a fingerprint mismatch (a user function that is not
+deterministic given its input order fails the run, naming the link and chan_seq); TcpLines
+is refused (its records are not logged yet).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from typing import Any
+
+import msgpack
+import xxhash
+
+from lineage import Stash, safe_point
+from nosync import frames
+from nosync.errors import RunFailed
+from nosync.modes import Mode, WorkerHooks
+from nosync.operators import EOS, MISSING_STATE, KeyedOp, SinkOp, WindowOp
+
+log = logging.getLogger("nosync.nosync")
+
+LOCK_WAIT_S = 30.0
+REPLAY_TIMEOUT_S = 120.0
+META = ("_m",)
+OUT = "_o"
+MAX_LINEAGE_PER_FRAME = 2000
+"""Lineage entries one frame carries per origin at most (the header is bounded); the rest
+go with the next frames."""
+
+
+def store_path(run_dir: str, worker: int) -> str:
+    return os.path.join(run_dir, "state", f"w{worker}", "nosync")
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+class NosyncHooks(WorkerHooks):
+    name = "nosync"
+    sink_commits_at_frontier = False
+    tracks_dirty = True
+    recovers = True
+    accepts_peers = True
+
+    def __init__(self, options: dict | None = None) -> None:
+        super().__init__(options)
+        o = self.options
+        self.tier = o.get("persist_tier", "disk")
+        self.persist_s = o.get("persist_ms", 200) / 1000
+        self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
+        self.store: Any = None
+        self.w: Any = None
+        self.stall_s = 0.0
+        self.snapshots = 0
+        self.snapshot_bytes = 0
+        self.replayed_steps = 0
+        self.dropped_frames = 0
+        self.recovered = False
+        self.restore_s = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.step = 0
+        self.stash = Stash()
+        self.produced: dict[int, int] = {}
+        self.consumed: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+        self.fps: dict[int, dict[int, int]] = {}
+        self.outlog: dict[int, deque] = {}
+        self.new_out: list = []
+        self.trimmed: list = []
+        self.up: dict[int, bool] = {}
+        self.resumed: dict[int, bool] = {}
+        self.resume_from: dict[int, int] = {}
+        self.pending: list[tuple[int, dict, int]] = []
+        self.durable_step = -1
+        self.unpersisted = 0
+        self.last_snapshot = time.monotonic()
+        self.snapshot_step = -1
+        self.pc_epochs: dict[str, dict[int, int]] = {}
+        self.safe = -1
+        self.queue: dict[int, deque] = {}
+        self.replaying = False
+        self._stall_from: float | None = None
+
+    # -- the log of steps ---------------------------------------------------------------
+
+    def _log(self, entry: tuple) -> None:
+        self.step += 1
+        self.stash.add(self.w.index, [(self.step, entry)])
+
+    def poll_source(self, worker: Any, source: Any) -> bool:
+        e = source.time_epoch() if worker.epoch_ms else None
+        self._log(("s", worker.sources.index(source), e))
+        return source.poll(e)
+
+    def flush_routers(self, worker: Any) -> None:
+        linger = worker.linger_s
+        for ri, r in enumerate(worker.routers):
+            for d in r.due(linger):
+                self._log(("f", ri, d))
+                r._send(d)
+
+    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, body: Any) -> None:
+        data = _pack(body)
+        seq = self.produced.get(dest, 0) + 1
+        self.produced[dest] = seq
+        header["s"] = seq
+        header["fp"] = xxhash.xxh64_intdigest(data)
+        lin = {}
+        for origin in self.stash.origins():
+            if origin != dest:
+                got = self.stash.delta(dest, origin, MAX_LINEAGE_PER_FRAME)
+                if got:
+                    lin[origin] = got
+        if lin:
+            header["lin"] = lin
+        frame = frames.encode_packed(kind, header, data)
+        self.outlog.setdefault(dest, deque()).append((seq, frame))
+        self.new_out.append((dest, seq, frame))
+        if self.up.get(dest):
+            worker.out[dest].send(frame)
+
+    def _take_lineage(self, header: dict) -> None:
+        lin = header.get("lin")
+        if lin:
+            me = self.w.index
+            for origin, entries in lin.items():
+                if origin != me:
+                    self.stash.add(int(origin), entries)
+
+    def accept_frame(self, worker: Any, j: int, f: Any) -> bool:
+        if f.kind == frames.LINEAGE:
+            self._on_lineage(worker, j, f)
+            return False
+        h = f.header
+        seq = h.get("s")
+        if seq is None:
+            raise RunFailed(f"worker {worker.index}: a frame from worker {j} has no chan_seq")
+        last = self.received.get(j, 0)
+        if seq <= last:
+            # re-produced by a recovering peer: already processed here
+            seen = self.fps.get(j, {}).get(seq)
+            if seen is not None and seen != h.get("fp"):
+                raise RunFailed(
+                    f"worker {worker.index}: frame {seq} from worker {j} was re-produced with different "
+                    f"records (fingerprint {h.get('fp'):x}, processed {seen:x}): an operator upstream is not "
+                    "deterministic given its input order"
+                )
+            self.dropped_frames += 1
+            worker.credit(j)
+            return False
+        if seq != last + 1:
+            raise RunFailed(f"worker {worker.index}: frame {seq} from worker {j} arrived after frame {last}")
+        self.received[j] = seq
+        self._take_lineage(h)
+        if self.replaying or self.queue.get(j):
+            self.queue.setdefault(j, deque()).append(f)
+            return False
+        self._consume(j, seq, h)
+        return True
+
+    def _consume(self, j: int, seq: int, h: dict) -> None:
+        self._log(("i", j, seq))
+        self.consumed[j] = seq
+        self.fps.setdefault(j, {})[seq] = h.get("fp")
+
+    def drain(self, worker: Any) -> None:
+        """Processes frames queued while replaying, link by link."""
+        for j in list(self.queue):
+            q = self.queue[j]
+            while q:
+                f = q.popleft()
+                self._consume(j, f.header["s"], f.header)
+                worker.process_frame(j, f)
+        self.queue = {}
+
+    # -- links with peers ----------------------------------------------------------------
+
+    def _lineage_frame(self, peer: int) -> bytes:
+        self.stash.reset_marks(peer)
+        lin = {o: self.stash.entries(o) for o in self.stash.origins() if o != self.w.index}
+        return frames.encode(frames.LINEAGE, {"resume": self.consumed.get(peer, 0) + 1}, {"lin": lin, "for": peer})
+
+    def _on_lineage(self, worker: Any, j: int, f: Any) -> None:
+        """Peer `j` (re)connected: it holds these lineage entries, and wants the frames of the
+        link to it again from chan_seq `resume` on."""
+        body = f.body
+        if isinstance(body, dict):
+            for origin, entries in (body.get("lin") or {}).items():
+                if int(origin) != j:
+                    self.stash.add(int(origin), entries)
+        self.resumed[j] = True
+        self.resume_from[j] = int(f.header.get("resume", 1))
+        self._try_resume(worker, j)
+
+    def _try_resume(self, worker: Any, j: int) -> None:
+        """Sends peer `j` its frames again from where it asked, once connected to it."""
+        conn = worker.out.get(j)
+        if conn is None or j not in self.resume_from:
+            return
+        start = self.resume_from.pop(j)
+        log_ = self.outlog.get(j, deque())
+        if log_ and log_[0][0] > start:
+            raise RunFailed(
+                f"worker {worker.index}: worker {j} asks for frames from {start}, the output log starts at {log_[0][0]}"
+            )
+        if not log_ and self.produced.get(j, 0) >= start:
+            raise RunFailed(
+                f"worker {worker.index}: worker {j} asks for frames from {start}, the output log is trimmed "
+                f"up to {self.produced.get(j, 0)}"
+            )
+        for seq, frame in log_:
+            if seq >= start:
+                conn.send(frame)
+        self.up[j] = True
+
+    def on_peer_down(self, worker: Any, peer: int) -> None:
+        self.up[peer] = False
+        self.resumed[peer] = False
+        self.queue.pop(peer, None)
+        # frames of it received but not processed come again
+        self.received[peer] = self.consumed.get(peer, 0)
+
+    def on_peer_connected(self, worker: Any, peer: int, conn: Any, direction: str) -> None:
+        pass  # the LINEAGE frame goes on the sending connection, opened on "peer_back"
+
+    def on_control(self, worker: Any, message: dict) -> None:
+        op = message.get("op")
+        if op == "points":
+            self._on_points(worker, message)
+        elif op == "lost":
+            j = int(message["worker"])
+            if j != worker.index:
+                # the connections of the lost attempt go (not one a new attempt already opened)
+                worker.peer_down(j, int(message.get("attempt", 0)))
+        elif op == "peer_back":
+            j = int(message["worker"])
+            if j == worker.index:
+                return
+            self.up[j] = False
+            conn = worker.connect_peer(j, list(message["address"]), int(message.get("attempt", 0)))
+            conn.send_uncounted(self._lineage_frame(j))
+            self._try_resume(worker, j)
+
+    def _on_points(self, worker: Any, message: dict) -> None:
+        me = worker.index
+        points = {int(w): p for w, p in message["points"].items()}
+        for w, p in points.items():
+            if w != me:
+                self.stash.trim(w, int(p["step"]))
+                upto = int(p["consumed"].get(me, 0))
+                q = self.outlog.get(w)
+                while q and q[0][0] <= upto:
+                    seq, _ = q.popleft()
+                    self.trimmed.append((w, seq))
+                prod = int(p["produced"].get(me, 0))
+                fp = self.fps.get(w)
+                if fp:
+                    for s in [s for s in fp if s <= prod]:
+                        del fp[s]
+        self.safe = int(message.get("safe", -1))
+        self._commit_safe(worker)
+
+    def _commit_safe(self, worker: Any) -> None:
+        for s in worker.sinks:
+            epochs = self.pc_epochs.get(s.name, {})
+            upto = None
+            for c, _ in s.precommitted:
+                if c <= self.durable_step and epochs.get(c, EOS) <= self.safe:
+                    upto = c
+                else:
+                    break
+            if upto is not None:
+                s.commit_checkpoint(upto)
+                for c in [c for c in epochs if c <= upto]:
+                    del epochs[c]
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def may_read(self, worker: Any) -> bool:
+        if self.unpersisted <= self.max_unpersisted:
+            if self._stall_from is not None:
+                self.stall_s += time.perf_counter() - self._stall_from
+                self._stall_from = None
+            return True
+        if self._stall_from is None:
+            self._stall_from = time.perf_counter()
+        return False
+
+    def _frontier(self, worker: Any) -> int:
+        return min((op.frontier for op in worker.ops), default=-1)
+
+    def _snapshot(self, worker: Any) -> None:
+        self._log(("F",))
+        for r in worker.routers:
+            r.flush()
+        k = self.step
+        for s in worker.sinks:
+            if s.part.has_staged():
+                s.precommit(k)
+                self.pc_epochs.setdefault(s.name, {})[k] = s.last_epoch
+        updates: list = []
+        for i, op in enumerate(worker.ops):
+            if isinstance(op, KeyedOp):
+                updates.extend(((i, key), v) for key, v in op.take_updates())
+        from lsm import TOMBSTONE
+
+        updates.extend(((OUT, d, seq), frame) for d, seq, frame in self.new_out)
+        updates.extend(((OUT, d, seq), TOMBSTONE) for d, seq in self.trimmed)
+        self.new_out, self.trimmed = [], []
+        meta = {
+            "step": k,
+            "ops": {op.name: op.snapshot_meta() for op in worker.ops},
+            "produced": self.produced,
+            "consumed": self.consumed,
+            "stash": {o: self.stash.entries(o) for o in self.stash.origins() if o != worker.index},
+            "pc_epochs": self.pc_epochs,
+            "frontier": self._frontier(worker),
+        }
+        updates.append((META, _pack(meta)))
+        size = self.store.append(k, updates)
+        self.store.persist(self.tier)
+        self.unpersisted += size
+        self.snapshots += 1
+        self.snapshot_bytes += size
+        point = {
+            "step": k,
+            "frontier": meta["frontier"],
+            "consumed": dict(self.consumed),
+            "produced": dict(self.produced),
+        }
+        self.pending.append((k, point, size))
+        self.snapshot_step = k
+        self.last_snapshot = time.monotonic()
+
+    def poll(self, worker: Any) -> None:
+        now = time.monotonic()
+        if worker.sinks:
+            ended = all(s.frontier == EOS for s in worker.sinks)
+        else:
+            ended = all(s.finished for s in worker.sources)
+        if self.step > self.snapshot_step and (now - self.last_snapshot >= self.persist_s or ended):
+            self._snapshot(worker)
+        if self.pending:
+            durable = self.store.durable(self.tier)
+            while self.pending and self.pending[0][0] <= durable:
+                k, point, size = self.pending.pop(0)
+                self.unpersisted -= size
+                self.durable_step = k
+                self.stash.trim(worker.index, k)
+                worker.send_ctrl({"type": "mode", "op": "durable", "gen": worker.gen, "point": point})
+            if self.pending and self.store.error is not None:
+                log.warning("worker %s: persisting: %s", worker.index, self.store.error)
+
+    def can_finish(self, worker: Any) -> bool:
+        return (
+            self.snapshot_step == self.step
+            and not self.pending
+            and not any(s.uncommitted for s in worker.sinks)
+            and all(self.resumed.get(j) for j in worker.out)
+        )
+
+    # -- restore and replay ---------------------------------------------------------------
+
+    def _open_store(self, worker: Any) -> None:
+        import lsm
+
+        if self.store is not None:
+            return
+        path = store_path(worker.spec["run_dir"], worker.index)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                self.store = lsm.Store(path, retention=0)
+                return
+            except lsm.StoreLockedError as e:
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"worker {worker.index}: the nosync log: {e}") from e
+                worker.keepalive()
+                time.sleep(0.1)
+            except lsm.LsmError as e:
+                raise RunFailed(f"worker {worker.index}: the nosync log {path}: {e}") from e
+
+    def on_start(self, worker: Any, peers: dict) -> None:
+        self.w = worker
+        self._reset()
+        self._open_store(worker)
+        restore = bool(peers.get("restore")) or worker.attempt > 0
+        for j in worker.out:
+            self.up[j] = False
+        if not restore:
+            for j in worker.out:
+                self.up[j] = True
+                self.resumed[j] = True
+            return
+        t0 = time.perf_counter()
+        self._restore(worker)
+        self.recovered = True
+        # one LINEAGE frame each way with every peer, then replay what they hold for us
+        for j, conn in worker.out.items():
+            conn.send_uncounted(self._lineage_frame(j))
+        self._replay(worker)
+        self.restore_s = time.perf_counter() - t0
+
+    def _restore(self, worker: Any) -> None:
+        store = self.store
+        k = store.last_seq
+        raw = store.get(META) if k >= 0 else None
+        if raw is None:
+            return  # nothing durable yet: start over from the sources' beginnings
+        meta = _unpack(raw)
+        self.step = self.snapshot_step = self.durable_step = int(meta["step"])
+        self.produced = {int(d): int(s) for d, s in meta["produced"].items()}
+        self.consumed = {int(j): int(s) for j, s in meta["consumed"].items()}
+        self.received = dict(self.consumed)
+        for origin, entries in meta["stash"].items():
+            self.stash.add(int(origin), entries)
+        self.pc_epochs = {n: {int(c): int(e) for c, e in d.items()} for n, d in meta["pc_epochs"].items()}
+        for (_, d, seq), frame in store.scan((OUT,)):
+            self.outlog.setdefault(int(d), deque()).append((int(seq), frame))
+        metas = meta["ops"]
+        for i, op in enumerate(worker.ops):
+            m = metas.get(op.name)
+            if m is not None:
+                op.restore_meta(m)
+            if isinstance(op, WindowOp):
+                op.restore_keyed(((key[1], v) for key, v in store.scan((i,))), worker.keepalive)
+            elif isinstance(op, KeyedOp):
+                op.lazy(lambda key, i=i, get=store.get: get((i, key), default=MISSING_STATE))
+            if isinstance(op, SinkOp):
+                pre = [(int(c), h) for c, h in (m["precommitted"] if m is not None else ())]
+                op.part.recover(k, [])
+                op.precommitted = pre
+                op.committed = m["committed"] if m is not None else 0
+            worker.keepalive()
+
+    def _replay(self, worker: Any) -> None:
+        """Waits for a LINEAGE frame from every peer, then re-executes the logged steps after
+        the snapshot, in their order."""
+        import selectors
+
+        self.replaying = True
+        me = worker.index
+        sel = selectors.DefaultSelector()
+        for j, c in worker.inc.items():
+            sel.register(c.sock, selectors.EVENT_READ, ("in", j, c))
+        for j, c in worker.out.items():
+            sel.register(c.sock, selectors.EVENT_READ, ("out", j, c))
+        sel.register(worker.ctrl_conn.sock, selectors.EVENT_READ, ("ctrl", -1, None))
+        deadline = time.monotonic() + REPLAY_TIMEOUT_S
+
+        def pump(wait: float) -> None:
+            for key, _ in sel.select(wait):
+                kind, j, conn = key.data
+                if kind == "ctrl":
+                    worker._read_ctrl()
+                    continue
+                try:
+                    got = conn.receive()
+                except ConnectionError as e:
+                    from nosync.errors import PeerLost
+
+                    raise PeerLost(f"worker {me}: worker {j} went away during a replay: {e}") from e
+                for f in got:
+                    if kind == "out":
+                        if f.kind == frames.CREDIT:
+                            conn.grant(int(f.header.get("frames", 0)))
+                    elif f.kind == frames.LINEAGE:
+                        self._on_lineage(worker, j, f)
+                    else:
+                        worker._handle_data(j, f)
+            for c in [*worker.out.values(), *worker.inc.values()]:
+                if c.out_bytes and not c.closed:
+                    c.flush()
+            worker.keepalive()
+            if worker._rejoin is not None:
+                from nosync.worker import Rejoin
+
+                raise Rejoin(worker._rejoin)
+            if time.monotonic() > deadline:
+                raise RunFailed(f"worker {me}: replay not done after {REPLAY_TIMEOUT_S:.0f}s")
+
+        try:
+            while not all(self.resumed.get(j) for j in worker.inc):
+                pump(0.05)
+            entries = self.stash.contiguous(me, self.step)
+            for _, entry in entries:
+                kind = entry[0]
+                if kind == "i":
+                    j, seq = int(entry[1]), int(entry[2])
+                    q = self.queue.setdefault(j, deque())
+                    while not q:
+                        pump(0.05)
+                    f = q.popleft()
+                    if f.header["s"] != seq:
+                        raise RunFailed(
+                            f"worker {me}: replay expected frame {seq} from worker {j}, got {f.header['s']}"
+                        )
+                    self._consume(j, seq, f.header)
+                    worker.process_frame(j, f)
+                elif kind == "s":
+                    self._log(tuple(entry))
+                    worker.sources[int(entry[1])].poll(entry[2])
+                elif kind == "f":
+                    self._log(tuple(entry))
+                    worker.routers[int(entry[1])]._send(int(entry[2]))
+                elif kind == "F":
+                    self._log(("F",))
+                    for r in worker.routers:
+                        r.flush()
+                self.replayed_steps += 1
+                if self.replayed_steps & 0xFF == 0:
+                    pump(0)
+        finally:
+            sel.close()
+            self.replaying = False
+        self.drain(worker)
+
+    def metrics(self, worker: Any) -> dict:
+        stall = self.stall_s
+        if self._stall_from is not None:
+            stall += time.perf_counter() - self._stall_from
+        return {
+            "steps": self.step,
+            "snapshots": self.snapshots,
+            "snapshot_bytes": self.snapshot_bytes,
+            "persist_stall_s": stall,
+            "replayed_steps": self.replayed_steps,
+            "dropped_frames": self.dropped_frames,
+            "restore_s": self.restore_s,
+            "output_log_frames": sum(len(q) for q in self.outlog.values()),
+            "output_log_bytes": sum(len(f) for q in self.outlog.values() for _, f in q),
+            "lineage_entries": sum(len(self.stash.entries(o)) for o in self.stash.origins()),
+        }
+
+    def close(self, worker: Any) -> None:
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+                log.exception("closing %s", self.store.path)
+            self.store = None
+
+
+# -- the driver half -------------------------------------------------------------------
+
+
+class NosyncMode(Mode):
+    """Collects durable points, broadcasts them with the safe point, and recovers a lost
+    worker alone (every worker, when a second one is lost meanwhile)."""
+
+    name = "nosync"
+    hooks_class = NosyncHooks
+    requires_replayable_sources = True
+
+    def __init__(self, options: dict | None = None) -> None:
+        super().__init__(options)
+        self.resume = bool(self.options.get("resume"))
+        self.points: dict[int, dict] = {}
+        self.changed = False
+        self.safe = -1
+        self.safe_rows: list[dict] = []
+        self.recovering: dict[int, dict] = {}
+        self.recoveries: list[dict] = []
+        self.last_broadcast = 0.0
+
+    def worker_options(self) -> dict:
+        o = self.options
+        return {
+            "persist_tier": o.get("persist_tier") or o.get("checkpoint_tier") or "disk",
+            "persist_ms": o.get("persist_ms") or 200,
+            "max_unpersisted_mb": o.get("max_unpersisted_mb") or 256,
+        }
+
+    def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        if msg.get("op") != "durable":
+            return
+        p = msg["point"]
+        old = self.points.get(worker)
+        if old is None or p["step"] >= old["step"]:
+            self.points[worker] = p
+            self.changed = True
+
+    def tick(self, coord: Any) -> None:
+        now = time.monotonic()
+        if not self.changed or now - self.last_broadcast < 0.05:
+            return
+        self.changed = False
+        self.last_broadcast = now
+        s = safe_point(self.points, coord.workers)
+        if s > self.safe:
+            self.safe = s
+            self.safe_rows.append({"t": time.time(), "safe_point": s})
+            coord.event("safe_point", epoch=s)
+        coord.broadcast({"type": "mode", "op": "points", "points": self.points, "safe": self.safe, "gen": coord.gen})
+
+    def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
+        row = {
+            "worker": worker,
+            "attempt": attempt,
+            "reason": reason,
+            "lost_at": time.time(),
+            "detection_s": coord.silent_s,
+            "durable_step": self.points.get(worker, {}).get("step", 0),
+        }
+        self.recoveries.append(row)
+        others = [w for w in self.recovering if w != worker]
+        coord.ready.discard(worker)
+        coord.done.pop(worker, None)
+        if others or not coord.all_ready and len(coord.ready) < coord.workers - 1:
+            # a second worker lost while one recovers: every worker restores its own snapshot
+            row["global"] = True
+            self.recovering = {}
+            coord.regroup(f"worker {worker} (attempt {attempt}) was lost while worker(s) {others} recovered")
+            return
+        coord.regroups += 1
+        if coord.max_restarts is not None and coord.regroups > coord.max_restarts:
+            coord.fail(
+                f"worker {worker} (attempt {attempt}) was lost: {reason}; the run already recovered "
+                f"{coord.max_restarts} times (--max-restarts)"
+            )
+            return
+        self.recovering[worker] = row
+        coord.event("recovering", worker=worker)
+        coord.broadcast({"type": "mode", "op": "lost", "worker": worker, "attempt": attempt, "gen": coord.gen})
+
+    def on_rejoin(self, coord: Any, worker: int, attempt: int, address: list) -> None:
+        peers = [coord.members[i] for i in range(coord.workers)]
+        coord.send(worker, {"type": "peers", "gen": coord.gen, "addresses": peers, "restore": True})
+        for w in range(coord.workers):
+            if w != worker:
+                coord.send(
+                    w,
+                    {
+                        "type": "mode",
+                        "op": "peer_back",
+                        "worker": worker,
+                        "attempt": attempt,
+                        "address": address,
+                        "gen": coord.gen,
+                    },
+                )
+
+    def on_generation(self, coord: Any, gen: int) -> dict:
+        if gen == 0 and not self.resume:
+            return {}
+        coord.event("restore", scope="every worker")
+        return {"restore": True}
+
+    def on_ready(self, coord: Any, worker: int, gen: int) -> None:
+        row = self.recovering.pop(worker, None)
+        if row is not None:
+            row["restored_at"] = time.time()
+            row["restore_s"] = row["restored_at"] - row["lost_at"]
+            coord.event("recovered", worker=worker, restore_s=round(row["restore_s"], 3))
+        if coord.all_ready:
+            for r in self.recoveries:
+                if r.get("global") and "restored_at" not in r:
+                    r["restored_at"] = time.time()
+                    r["restore_s"] = r["restored_at"] - r["lost_at"]
+
+    def summary(self, coord: Any) -> dict:
+        return {
+            "safe_point": self.safe,
+            "safe_points": len(self.safe_rows),
+            "recoveries": self.recoveries,
+        }
+
+    def tables(self) -> dict[str, list[dict]]:
+        return {"safe_points": self.safe_rows}
