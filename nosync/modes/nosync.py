@@ -104,6 +104,7 @@ class NosyncHooks(WorkerHooks):
         self.snapshots = 0
         self.snapshot_bytes = 0
         self.replayed_steps = 0
+        self.replayed_records = 0
         self.dropped_frames = 0
         self.recovered = False
         self.restore_s = 0.0
@@ -452,6 +453,17 @@ class NosyncHooks(WorkerHooks):
             conn.send_uncounted(self._lineage_frame(j))
         self._replay(worker)
         self.restore_s = time.perf_counter() - t0
+        worker.send_ctrl(
+            {
+                "type": "mode",
+                "op": "replayed",
+                "gen": worker.gen,
+                "restored_step": self.durable_step,
+                "steps": self.replayed_steps,
+                "records": self.replayed_records,
+                "restore_s": self.restore_s,
+            }
+        )
 
     def _restore(self, worker: Any) -> None:
         store = self.store
@@ -548,10 +560,15 @@ class NosyncHooks(WorkerHooks):
                             f"worker {me}: replay expected frame {seq} from worker {j}, got {f.header['s']}"
                         )
                     self._consume(j, seq, f.header)
+                    if f.kind == frames.DATA:
+                        self.replayed_records += len(f.body)
                     worker.process_frame(j, f)
                 elif kind == "s":
                     self._log(tuple(entry))
-                    worker.sources[int(entry[1])].poll(entry[2])
+                    src = worker.sources[int(entry[1])]
+                    before = src.records_in
+                    src.poll(entry[2])
+                    self.replayed_records += src.records_in - before
                 elif kind == "f":
                     self._log(tuple(entry))
                     worker.routers[int(entry[1])]._send(int(entry[2]))
@@ -614,6 +631,8 @@ class NosyncMode(Mode):
         self.recovering: dict[int, dict] = {}
         self.recoveries: list[dict] = []
         self.last_broadcast = 0.0
+        self.last_sample = 0.0
+        self.progress_rows: list[dict] = []
 
     def worker_options(self) -> dict:
         o = self.options
@@ -624,6 +643,17 @@ class NosyncMode(Mode):
         }
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        if msg.get("op") == "replayed":
+            for r in reversed(self.recoveries):
+                if r["worker"] == worker or r.get("global"):
+                    r.setdefault("records_reprocessed", 0)
+                    r["records_reprocessed"] += int(msg["records"])
+                    r.setdefault("steps_replayed", 0)
+                    r["steps_replayed"] += int(msg["steps"])
+                    r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
+                    r["restored_step"] = int(msg["restored_step"])
+                    break
+            return
         if msg.get("op") != "durable":
             return
         p = msg["point"]
@@ -634,6 +664,14 @@ class NosyncMode(Mode):
 
     def tick(self, coord: Any) -> None:
         now = time.monotonic()
+        if now - self.last_sample >= 0.25:
+            # per-worker progress over time: what a recovery cost the workers that did not fail
+            self.last_sample = now
+            t = time.time()
+            for w, c in sorted(coord.counters.items()):
+                self.progress_rows.append(
+                    {"t": t, "worker": w, "read": int(c.get("read", 0)), "committed": int(c.get("committed", 0))}
+                )
         if not self.changed or now - self.last_broadcast < 0.05:
             return
         self.changed = False
@@ -718,4 +756,4 @@ class NosyncMode(Mode):
         }
 
     def tables(self) -> dict[str, list[dict]]:
-        return {"safe_points": self.safe_rows}
+        return {"safe_points": self.safe_rows, "progress": self.progress_rows}

@@ -1,0 +1,265 @@
+"""Mode nosync under real SIGKILLs of real processes, on embedded Spark.
+
+- `nosync chaos --mode nosync` says exactly-once for every shipped workload, W = 2 and 3, 1 to
+  3 kills (a few combinations here; the whole grid, with more seeds, under `make soak`);
+- a lost worker recovers alone: the survivors stay in their generation and keep reading their
+  input while it recovers (their progress over time, from the run's progress table);
+- an operator whose output depends on the arrival order across two inputs: the recovered
+  worker replays the order its peers hold in their lineage, and the output is one a
+  failure-free run could have produced (checked against the input's definition, since two
+  failure-free runs differ);
+- a function that is not deterministic: the fingerprint check finds the re-produced batch that
+  differs from the one first processed, and the run fails saying so;
+- the lost worker's disk tier is deleted before its retry starts: it recovers from the remote
+  tier, and the output is the same;
+- a second worker lost while one recovers: every worker restores its own snapshot;
+- the driver is killed, and `nosync run --resume` finishes the run from every worker's snapshot.
+
+Expected outputs are computed from the generator's definition (record i is the key
+str(i % keys)), never taken from a run.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_abs import committed_pairs, finish, keyed_count_expected, wait_event, workload_params
+
+from experiments.chaos import Events, chaos
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
+PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
+NOSYNC = [sys.executable, "-m", "cli.main"]
+
+CASES = [("wordcount", 2, 1), ("keyed_count", 3, 2), ("nexmark", 2, 3), ("nexmark", 3, 1)]
+
+
+@pytest.mark.parametrize(("workload", "workers", "kills"), CASES)
+def test_chaos_nosync_is_exactly_once(tmp_path, workload, workers, kills):
+    r = chaos(
+        os.path.join(WORKLOADS, f"{workload}.py"),
+        "nosync",
+        workers,
+        kills,
+        seed=13 * workers + kills,
+        params=workload_params(workload, tmp_path),
+        out=str(tmp_path / "chaos"),
+    )
+    assert r["deterministic"], r
+    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
+    assert r["recoveries"] == kills, r
+    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
+    assert r["exactly_once"] is True
+    events = [json.loads(line) for line in open(tmp_path / "chaos" / "chaos" / "events.jsonl")]
+    assert not [e for e in events if e["event"] == "regroup"], "a single lost worker made every worker restore"
+    assert len([e for e in events if e["event"] == "recovered"]) == kills
+
+
+SOAK = [
+    (w, n, k, seed)
+    for w in ("wordcount", "keyed_count", "nexmark")
+    for n in (2, 3)
+    for k in (1, 2, 3)
+    for seed in (1, 2)
+]
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+def test_chaos_nosync_soak(tmp_path, workload, workers, kills, seed):
+    r = chaos(
+        os.path.join(WORKLOADS, f"{workload}.py"),
+        "nosync",
+        workers,
+        kills,
+        seed=seed,
+        params=workload_params(workload, tmp_path),
+        out=str(tmp_path / "chaos"),
+    )
+    assert r["kills"] == kills and r["exactly_once"] is True, r
+
+
+# -- runs driven by hand -----------------------------------------------------------------
+
+
+def start(pipeline: str, run_dir, *extra: str, workers: int = 2, **params) -> subprocess.Popen:
+    cmd = [*NOSYNC, "run", pipeline, "--mode", "nosync", "--workers", str(workers), "--run-dir", str(run_dir), *extra]
+    for k, v in params.items():
+        cmd += ["-p", f"{k}={v}"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def keyed_count(run_dir, *extra: str, records: int, keys: int, out, workers: int = 2) -> subprocess.Popen:
+    return start(
+        os.path.join(WORKLOADS, "keyed_count.py"),
+        run_dir,
+        *extra,
+        workers=workers,
+        records=records,
+        keys=keys,
+        output=out,
+    )
+
+
+def safe_points(events: Events, proc: subprocess.Popen, n: int) -> dict:
+    return wait_event(events, proc, lambda e: e["event"] == "safe_point" and e["epoch"] >= n, 180, f"safe point {n}")
+
+
+def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
+    import pyarrow.parquet as pq
+
+    records, keys = 12_000_000, 100_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = keyed_count(run_dir, records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 20)
+        os.kill(events.pid_of(1), signal.SIGKILL)
+        killed = time.time()
+        back = wait_event(events, proc, lambda e: e["event"] == "recovered", 180, "the recovery")
+    finally:
+        _, err = finish(proc, timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    events.poll()
+    assert not [e for e in events.seen if e["event"] == "regroup"], "the survivor left its generation"
+    rows = pq.read_table(run_dir / "progress.parquet").to_pylist()
+    survivor = sorted((r["t"], r["read"]) for r in rows if r["worker"] == 0)
+
+    def read_at(t: float) -> int:
+        return max((n for ts, n in survivor if ts <= t), default=0)
+
+    window = back["t"] - killed
+    assert window > 0.5, f"the recovery took {window:.2f}s: too short to see a stall"
+    during = read_at(back["t"]) - read_at(killed)
+    before = read_at(killed) - read_at(killed - window)
+    assert before > 0, survivor
+    # abs stops every worker here; the survivor of nosync goes on at a rate of the same order
+    assert during >= 0.5 * before, f"the survivor read {during:,} records during the recovery, {before:,} before"
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+
+
+def test_arrival_order_is_replayed_from_the_lineage_the_peers_hold(tmp_path):
+    records, keys = 1_500_000, 2000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start(os.path.join(PIPELINES, "arrival_order.py"), run_dir, records=records, keys=keys, output=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 10)
+        os.kill(events.pid_of(1), signal.SIGKILL)
+    finally:
+        _, err = finish(proc, timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["recoveries"]) == 1
+    import nosync as ns
+
+    got = ns.sinks.Files(str(out)).read_committed()
+    per_key: dict = collections.defaultdict(list)
+    for key, n, tag in got:
+        per_key[key].append((n, tag))
+    per_input = collections.Counter(str(i % keys) for i in range(records))
+    assert set(per_key) == set(per_input)
+    for key, seen in per_key.items():
+        total = 2 * per_input[key]
+        assert sorted(n for n, _ in seen) == list(range(1, total + 1)), f"key {key}: numbers lost or repeated"
+        assert sum(1 for _, tag in seen if tag == "a") == per_input[key], f"key {key}"
+
+
+def test_a_function_that_is_not_deterministic_is_caught_by_the_fingerprints(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    # snapshots far apart: what the lost worker re-produces includes frames its peer processed
+    proc = start(
+        os.path.join(PIPELINES, "random_tag.py"),
+        run_dir,
+        "--persist-ms",
+        "3000",
+        records=50_000_000,
+        keys=1000,
+        output=out,
+    )
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 1)
+        time.sleep(1.0)
+        os.kill(events.pid_of(1), signal.SIGKILL)
+    finally:
+        _, err = finish(proc, timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    last = [line for line in err.splitlines() if line.startswith("error:")]
+    assert last and "re-produced with different records" in last[-1] and "not deterministic" in last[-1], err[-3000:]
+
+
+def test_recovery_from_the_remote_tier_when_the_disk_tier_is_gone(tmp_path):
+    records, keys = 4_000_000, 50_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = keyed_count(run_dir, "--checkpoint-tier", "remote", records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    store = run_dir / "state" / "w1" / "nosync"
+    try:
+        safe_points(events, proc, 10)
+        os.kill(events.pid_of(1), signal.SIGKILL)
+        for tier in ("disk", "log"):
+            shutil.rmtree(store / tier)
+        assert os.listdir(store / "remote")
+    finally:
+        _, err = finish(proc, timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (rec,) = summary["recoveries"]
+    assert rec["restored_step"] > 0, "the retry found nothing to restore: not from the remote tier"
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+
+
+def test_a_second_worker_lost_while_one_recovers_makes_every_worker_restore(tmp_path):
+    records, keys = 4_000_000, 50_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = keyed_count(run_dir, records=records, keys=keys, out=out, workers=3)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 10)
+        os.kill(events.pid_of(1), signal.SIGKILL)
+        wait_event(events, proc, lambda e: e["event"] == "recovering" and e["worker"] == 1, 60, "worker 1 lost")
+        os.kill(events.pid_of(2), signal.SIGKILL)
+    finally:
+        _, err = finish(proc, timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    events.poll()
+    assert [e for e in events.seen if e["event"] == "regroup"], "the second loss did not regroup"
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+
+
+def test_resume_after_the_driver_is_killed(tmp_path):
+    records, keys = 4_000_000, 50_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = keyed_count(run_dir, records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 10)
+        pids = [events.pid_of(w) for w in range(2)]
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        finish(proc)
+    deadline = time.monotonic() + 60
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+    assert committed_pairs(str(out)) != keyed_count_expected(records, keys), "the run had finished already"
+    resumed = keyed_count(run_dir, "--resume", records=records, keys=keys, out=out)
+    _, err = finish(resumed, timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+    restores = [e for e in Events(str(run_dir / "events.jsonl")).poll() if e["event"] == "restore"]
+    assert restores
