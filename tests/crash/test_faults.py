@@ -86,9 +86,7 @@ def check_reopen(path: str, model: Model, last: int, where: str) -> None:
 @pytest.mark.parametrize("how", ["write", "short-write", "fsync"])
 @pytest.mark.parametrize("end", ["close", "crash-after-recovery", "crash-during-fault"])
 @pytest.mark.parametrize("segment", ["append", "roll"])
-def test_disk_fault_surfaces_loses_nothing_and_clears(
-    tmp_path, monkeypatch, how, err, end, segment
-) -> None:
+def test_disk_fault_surfaces_loses_nothing_and_clears(tmp_path, monkeypatch, how, err, end, segment) -> None:
     """segment: the faulted log write appends to the open segment, or starts a new one."""
     fault = DiskFault(monkeypatch, how, err)
     path = str(tmp_path / "store")

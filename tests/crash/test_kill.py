@@ -130,15 +130,11 @@ class Run:
         store = lsm.Store(self.store_path)
         try:
             last = store.last_seq
-            assert last >= reported, (
-                f"{where}: reopened at seq {last}, but the writer had reported {reported} durable"
-            )
+            assert last >= reported, f"{where}: reopened at seq {last}, but the writer had reported {reported} durable"
             self.model.advance(last)
             got = dict(store.scan())
             want = self.model.state(last)
-            assert got == want, (
-                f"{where}: state at seq {last} is not the model's:\n{diff(got, want)}"
-            )
+            assert got == want, f"{where}: state at seq {last} is not the model's:\n{diff(got, want)}"
             lo = max(store.horizon, 0)
             for as_of in sorted(self.rng.randint(lo, last) for _ in range(2)):
                 got = dict(store.scan(as_of=as_of))
@@ -266,8 +262,7 @@ def test_sigkill_inside_compaction_resurrects_no_deleted_key(tmp_path) -> None:
             got = dict(s.scan())
             assert s.last_seq == last, f"{where}: last seq {s.last_seq}"
             assert got == want, (
-                f"{where} (killed {'inside' if lines[-1] == 'compact' else 'after'} "
-                f"compact()):\n{diff(got, want)}"
+                f"{where} (killed {'inside' if lines[-1] == 'compact' else 'after'} compact()):\n{diff(got, want)}"
             )
         print(f"{where}: last line {lines[-1]!r}")
     assert inside, f"seed {SEED}: no kill landed inside compact()"

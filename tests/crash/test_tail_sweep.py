@@ -61,9 +61,7 @@ class Pristine:
     def last_before(self, seg: str) -> int:
         """The seq of the last record in the segments before `seg` (-1: none)."""
         i = self.segments.index(seg)
-        return next(
-            (self.records[p][-1].seq for p in reversed(self.segments[:i]) if self.records[p]), -1
-        )
+        return next((self.records[p][-1].seq for p in reversed(self.segments[:i]) if self.records[p]), -1)
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +144,7 @@ def zero_range(o: int, n: int) -> Mutation:
     return lambda d: d[:o] + bytes(len(d[o : o + n])) + d[o + n :]
 
 
-def run_case(
-    p: Pristine, root: str, seg_index: int, name: str, mutate: Mutation
-) -> tuple[str, str | None]:
+def run_case(p: Pristine, root: str, seg_index: int, name: str, mutate: Mutation) -> tuple[str, str | None]:
     """Damages a copy of the pristine store and checks the reopen: the expected outcome
     ("open" or "corrupt") and a failure message (None: as expected)."""
     store = os.path.join(root, name)
@@ -230,12 +226,8 @@ def sweep(p: Pristine, root: str, cases: list[tuple[str, Mutation]], seg_index: 
         outcomes[outcome] += 1
         if msg:
             failures.append(f"{name} (expected {outcome}): {msg}")
-    print(
-        f"seed {SEED}: {len(cases)} cases, {outcomes['open']} cut, {outcomes['corrupt']} reported"
-    )
-    assert not failures, (
-        f"seed {SEED}: {len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures[:15])
-    )
+    print(f"seed {SEED}: {len(cases)} cases, {outcomes['open']} cut, {outcomes['corrupt']} reported")
+    assert not failures, f"seed {SEED}: {len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures[:15])
 
 
 def test_truncated_tail_is_cut(pristine: Pristine, tmp_path) -> None:
@@ -258,9 +250,7 @@ def test_zero_filled_tail_is_cut(pristine: Pristine, tmp_path) -> None:
     sweep(pristine, str(tmp_path), cases)
 
 
-def test_flipped_byte_is_cut_at_the_tail_and_reported_in_the_middle(
-    pristine: Pristine, tmp_path
-) -> None:
+def test_flipped_byte_is_cut_at_the_tail_and_reported_in_the_middle(pristine: Pristine, tmp_path) -> None:
     rng = random.Random(f"{SEED}/flip")
     recs = pristine.records[pristine.last]
     inner = [o for r in recs for o in [r.start, *inner_offsets(r)]]
@@ -299,16 +289,12 @@ def test_damage_in_a_sealed_segment_is_reported(pristine: Pristine, tmp_path) ->
         new = mutate(pristine.data[seg])
         with open(target, "wb") as f:
             f.write(new)
-        damaged = next(
-            r for r in recs if new[r.start : r.end] != pristine.data[seg][r.start : r.end]
-        )
+        damaged = next(r for r in recs if new[r.start : r.end] != pristine.data[seg][r.start : r.end])
         for attempt in (1, 2):  # a failed open must release the store's lock
             with pytest.raises(lsm.CorruptLogError) as ei:
                 lsm.Store(store)
             e = ei.value
-            assert os.path.realpath(e.path) == os.path.realpath(target), (
-                f"{name} (try {attempt}): {e}"
-            )
+            assert os.path.realpath(e.path) == os.path.realpath(target), f"{name} (try {attempt}): {e}"
             assert e.offset == damaged.start, f"{name} (try {attempt}): {e}"
         with open(target, "rb") as f:
             assert f.read() == new, f"{name}: the failed open changed the damaged segment"
