@@ -270,11 +270,13 @@ class KeyedOp(Op):
         self.dirty = set()
         return out
 
-    def lazy(self, loader: Callable[[Any], Any]) -> None:
+    def lazy(self, loader: Callable[[Any], Any], raw: bool = False) -> None:
         """Restores lazily: a key's saved value is loaded by `loader(key)` (MISSING_STATE when
-        it has none) the first time a record touches it, so a restore costs nothing up front."""
+        it has none) the first time a record touches it, so a restore costs nothing up front.
+        With `raw`, the loader returns the state itself, not a saved value."""
         self.loader = loader
         self.looked: set = set()
+        self.raw_state = raw
 
     def fault_in(self, records: list) -> None:
         state = self.state
@@ -288,7 +290,7 @@ class KeyedOp(Op):
             looked.add(k)
             v = load(k)
             if v is not MISSING_STATE:
-                state[k] = unpack(v) if type(v) is bytes else v
+                state[k] = unpack(v) if type(v) is bytes and not self.raw_state else v
 
     def restore_keyed(self, items: Any, keepalive: Callable[[], None] = lambda: None) -> None:
         """Loads (key, saved value) pairs written by `take_updates`."""
@@ -455,21 +457,48 @@ class JoinOp(KeyedOp):
     def __init__(self, node: Node, left_channels: set) -> None:
         super().__init__(node)
         self.left_channels = left_channels
+        self.incremental = False
+        """Collect what each batch appended (`take_increments`) instead of dirty keys: the
+        sides only grow, so a mode that logs state writes the new values, not the sides."""
+        self.appended: list = []
 
     def process(self, records: list, epoch: int, channel: Any) -> list:
         state = self.state
         left = channel in self.left_channels
+        side = 0 if left else 1
+        log = self.appended if self.incremental else None
         out = []
         for k, v in records:
             sides = state.get(k)
             if sides is None:
                 sides = state[k] = ([], [])
+            mine = sides[side]
+            mine.append(v)
+            if log is not None:
+                log.append((k, side, len(mine) - 1, v))
             if left:
-                sides[0].append(v)
                 out.extend((k, (v, r)) for r in sides[1])
             else:
-                sides[1].append(v)
                 out.extend((k, (lv, v)) for lv in sides[0])
+        return out
+
+    def take_increments(self) -> list:
+        """The values appended since the last call, as (key, side, index, saved value); forgets
+        them. Saved values are as in `take_updates`."""
+        pack = statecodec.pack
+        scalar = _SCALARS
+        out = []
+        for k, side, i, v in self.appended:
+            if type(v) not in scalar:
+                try:
+                    v = pack(v)
+                except TypeError as e:
+                    raise RunFailed(
+                        f"operator '{self.name}' (declared at {self.node.where}): a value of key {k!r:.60} "
+                        f"cannot be saved: {e}"
+                    ) from None
+            out.append((k, side, i, v))
+        self.appended = []
         return out
 
 

@@ -60,7 +60,7 @@ from lineage import Stash, safe_point
 from nosync import frames
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks
-from nosync.operators import EOS, MISSING_STATE, KeyedOp, SinkOp, WindowOp
+from nosync.operators import EOS, MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
 
 log = logging.getLogger("nosync.nosync")
 
@@ -353,7 +353,10 @@ class NosyncHooks(WorkerHooks):
                 self.pc_epochs.setdefault(s.name, {})[k] = s.last_epoch
         updates: list = []
         for i, op in enumerate(worker.ops):
-            if isinstance(op, KeyedOp):
+            if isinstance(op, JoinOp):
+                # the sides of a join only grow: their new values, each once
+                updates.extend(((i, key, side, x), v) for key, side, x, v in op.take_increments())
+            elif isinstance(op, KeyedOp):
                 updates.extend(((i, key), v) for key, v in op.take_updates())
         from lsm import TOMBSTONE
 
@@ -436,6 +439,10 @@ class NosyncHooks(WorkerHooks):
     def on_start(self, worker: Any, peers: dict) -> None:
         self.w = worker
         self._reset()
+        for op in worker.ops:
+            if isinstance(op, JoinOp):
+                op.incremental = True
+                op.track_dirty = False
         self._open_store(worker)
         restore = bool(peers.get("restore")) or worker.attempt > 0
         for j in worker.out:
@@ -488,6 +495,8 @@ class NosyncHooks(WorkerHooks):
                 op.restore_meta(m)
             if isinstance(op, WindowOp):
                 op.restore_keyed(((key[1], v) for key, v in store.scan((i,))), worker.keepalive)
+            elif isinstance(op, JoinOp):
+                op.lazy(lambda key, i=i, scan=store.scan: _join_sides(scan((i, key))), raw=True)
             elif isinstance(op, KeyedOp):
                 op.lazy(lambda key, i=i, get=store.get: get((i, key), default=MISSING_STATE))
             if isinstance(op, SinkOp):
@@ -608,6 +617,19 @@ class NosyncHooks(WorkerHooks):
             except Exception:  # noqa: BLE001 - closing after a failure must not hide it
                 log.exception("closing %s", self.store.path)
             self.store = None
+
+
+def _join_sides(items: Any) -> Any:
+    """The sides of one join key from its logged increments ((op, key, side, index), value),
+    which a scan returns in index order."""
+    from nosync import statecodec
+
+    sides: tuple[list, list] = ([], [])
+    found = False
+    for (_, _, side, _), v in items:
+        sides[side].append(statecodec.unpack(v) if type(v) is bytes else v)
+        found = True
+    return sides if found else MISSING_STATE
 
 
 # -- the driver half -------------------------------------------------------------------
