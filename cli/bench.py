@@ -120,9 +120,17 @@ def _modes(value: str) -> list[str]:
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Zipf exponent of keys.")
 @click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept per mode.")
 @click.option("--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--slow-worker",
+    "slow_ms",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Worker 0's source waits MS milliseconds after every batch (a straggler).",
+)
 @click.option("--master", default=None, help="Spark master (default: embedded local[W,F]).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
-def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, master, as_json) -> None:
+def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, slow_ms, master, as_json) -> None:
     """keyed_count under each mode, with each mode's ratio to mode none, in one command."""
     from experiments.bench import compare
 
@@ -138,6 +146,7 @@ def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, mast
             reps=reps,
             master=master,
             checkpoint_ms=checkpoint_ms,
+            slow_ms=slow_ms,
             progress=progress,
         ),
         compare.render,

@@ -63,6 +63,7 @@ def run(
     resume: bool = False,
     persist_ms: int = 200,
     max_unpersisted_mb: int = 256,
+    slow_worker: tuple[int, int] | None = None,
 ) -> RunResult:
     if workers < 1:
         raise NosyncError(f"--workers must be at least 1, got {workers}")
@@ -142,6 +143,7 @@ def run(
         "linger_ms": linger_ms,
         "run_dir": run_dir,
         "on_bad_record": on_bad_record,
+        "slow_worker": list(slow_worker) if slow_worker else None,
     }
     job_error: list[BaseException] = []
     sc = spark.sparkContext

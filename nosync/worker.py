@@ -265,6 +265,8 @@ class SourceOp(Op):
                     w.first_read_at = w.clock.ts
                 self.records_in += len(recs)
                 self.emit(recs, self.epoch)
+                if w.slow_s:
+                    time.sleep(w.slow_s)
                 return True
             if not st["done"]:
                 return True
@@ -316,6 +318,9 @@ class Worker:
         self.linger_s = spec.get("linger_ms", 5) / 1000
         self.epoch_records = spec.get("epoch_records") or 10_000
         self.epoch_ms = spec.get("epoch_ms") or 0
+        slow = spec.get("slow_worker")
+        self.slow_s = slow[1] / 1000 if slow and slow[0] == index else 0.0
+        """A straggler for benchmarks: this worker's sources wait after every batch."""
         self.clock = Clock()
         self.out: dict[int, channels.Connection] = {}
         self.inc: dict[int, channels.Connection] = {}

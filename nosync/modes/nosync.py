@@ -771,7 +771,13 @@ class NosyncMode(Mode):
                     r["restore_s"] = r["restored_at"] - r["lost_at"]
 
     def summary(self, coord: Any) -> dict:
+        per = [d.get("metrics", {}).get("mode", {}) for d in coord.done.values()]
         return {
+            "stall_ms_max": max((m.get("persist_stall_s", 0.0) * 1000 for m in per), default=0.0),
+            "checkpoint_bytes": sum(m.get("snapshot_bytes", 0) for m in per),
+            "snapshots": sum(m.get("snapshots", 0) for m in per),
+            "replayed_steps": sum(m.get("replayed_steps", 0) for m in per),
+            "frames_dropped_as_replayed": sum(m.get("dropped_frames", 0) for m in per),
             "safe_point": self.safe,
             "safe_points": len(self.safe_rows),
             "recoveries": self.recoveries,
