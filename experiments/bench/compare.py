@@ -7,8 +7,9 @@ by, so it gets the same chances (warm Spark, same data, same files) as they do. 
 records_per_s (first record read to last committed), latency p50/p99 (ingest to commit),
 stall_ms_max (the longest time an operator could not process available input because of
 fault tolerance: in abs, alignment; in nosync, persistence backpressure),
-checkpoint_ms_p50/p99, bytes persisted, and the ratio of records_per_s to mode none's. `slow_ms` delays worker 0's source after every batch (a
-straggler): what alignment costs abs, and what nosync pays instead.
+checkpoint_ms_p50/p99, bytes persisted, and the ratio of records_per_s to mode none's.
+`slow_ms` delays worker 0's source after every batch (a straggler): what alignment costs
+abs, and what nosync pays instead.
 """
 
 from __future__ import annotations
