@@ -60,17 +60,21 @@ def encode_key(key: object) -> bytes:
 
 
 KEY_TYPES = frozenset((bytes, str, int, type(None)))
+_FLAT_OR_TUPLE = KEY_TYPES | {tuple}
 
 
 def check_keys(updates: list | tuple) -> None:
     """Raises KeyEncodingError naming the first key of `updates` that is not a store key.
 
-    The common case (flat keys) costs one set comprehension; tuple keys are checked deeply.
+    The common cases (flat keys, tuples of flat keys) cost a set comprehension or two; other
+    tuple keys are checked deeply.
     An update that is not a (key, value) pair raises ValueError or TypeError.
     """
     types = {type(k) for k, _ in updates}
     if types <= KEY_TYPES:
         return
+    if types <= _FLAT_OR_TUPLE and {type(x) for k, _ in updates if type(k) is tuple for x in k} <= KEY_TYPES:
+        return  # tuples of flat keys (a prefixed key): as cheap as flat keys
     for i, (key, _) in enumerate(updates):
         try:
             encode_key(key)

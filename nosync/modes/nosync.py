@@ -57,6 +57,7 @@ import msgpack
 import xxhash
 
 from lineage import Stash, safe_point
+from lsm import TOMBSTONE
 from nosync import frames
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks
@@ -358,8 +359,6 @@ class NosyncHooks(WorkerHooks):
                 updates.extend(((i, key, side, x), v) for key, side, x, v in op.take_increments())
             elif isinstance(op, KeyedOp):
                 updates.extend(((i, key), v) for key, v in op.take_updates())
-        from lsm import TOMBSTONE
-
         updates.extend(((OUT, d, seq), frame) for d, seq, frame in self.new_out)
         updates.extend(((OUT, d, seq), TOMBSTONE) for d, seq in self.trimmed)
         self.new_out, self.trimmed = [], []

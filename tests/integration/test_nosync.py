@@ -40,7 +40,7 @@ WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
 NOSYNC = [sys.executable, "-m", "cli.main"]
 
-CASES = [("wordcount", 2, 1), ("keyed_count", 3, 2), ("nexmark", 2, 3), ("nexmark", 3, 1)]
+CASES = [("wordcount", 2, 1), ("keyed_count", 3, 2), ("nexmark", 2, 3)]
 
 
 @pytest.mark.parametrize(("workload", "workers", "kills"), CASES)
@@ -117,12 +117,12 @@ def safe_points(events: Events, proc: subprocess.Popen, n: int) -> dict:
 def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
     import pyarrow.parquet as pq
 
-    records, keys = 12_000_000, 100_000
+    records, keys = 6_000_000, 100_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = keyed_count(run_dir, records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
     try:
-        safe_points(events, proc, 20)
+        safe_points(events, proc, 8)
         os.kill(events.pid_of(1), signal.SIGKILL)
         killed = time.time()
         back = wait_event(events, proc, lambda e: e["event"] == "recovered", 180, "the recovery")
@@ -148,7 +148,7 @@ def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
 
 
 def test_arrival_order_is_replayed_from_the_lineage_the_peers_hold(tmp_path):
-    records, keys = 1_500_000, 2000
+    records, keys = 1_000_000, 2000
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = start(os.path.join(PIPELINES, "arrival_order.py"), run_dir, records=records, keys=keys, output=out)
     events = Events(str(run_dir / "events.jsonl"))
@@ -199,7 +199,7 @@ def test_a_function_that_is_not_deterministic_is_caught_by_the_fingerprints(tmp_
 
 
 def test_recovery_from_the_remote_tier_when_the_disk_tier_is_gone(tmp_path):
-    records, keys = 4_000_000, 50_000
+    records, keys = 3_000_000, 50_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = keyed_count(run_dir, "--checkpoint-tier", "remote", records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
@@ -220,7 +220,7 @@ def test_recovery_from_the_remote_tier_when_the_disk_tier_is_gone(tmp_path):
 
 
 def test_a_second_worker_lost_while_one_recovers_makes_every_worker_restore(tmp_path):
-    records, keys = 4_000_000, 50_000
+    records, keys = 3_000_000, 50_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = keyed_count(run_dir, records=records, keys=keys, out=out, workers=3)
     events = Events(str(run_dir / "events.jsonl"))
@@ -238,7 +238,7 @@ def test_a_second_worker_lost_while_one_recovers_makes_every_worker_restore(tmp_
 
 
 def test_resume_after_the_driver_is_killed(tmp_path):
-    records, keys = 4_000_000, 50_000
+    records, keys = 3_000_000, 50_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = keyed_count(run_dir, records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
