@@ -176,11 +176,17 @@ def run_cmd(
             ("bytes persisted", f"{s['checkpoint_bytes']:,}"),
         ]
     for i, r in enumerate(s.get("recoveries") or []):
+        if "restored_step" in r:
+            what = (
+                f"restored its snapshot at step {r['restored_step']:,}, replayed {r.get('steps_replayed', 0):,} steps"
+            )
+        else:
+            what = f"restored checkpoint {r.get('checkpoint')}"
         rows.append(
             (
                 f"recovery {i + 1}",
-                f"worker {r['worker']}: restored checkpoint {r.get('checkpoint')} in {r.get('restore_s', 0):.2f} s, "
-                f"{r.get('records_reprocessed', 0):,} records reprocessed",
+                f"worker {r['worker']}: {what} in {r.get('restore_s') or 0:.2f} s, "
+                f"{r.get('records_reprocessed') or 0:,} records reprocessed",
             )
         )
     rows.append(("run directory", result.run_dir))

@@ -106,6 +106,7 @@ class NosyncHooks(WorkerHooks):
         self.snapshot_bytes = 0
         self.replayed_steps = 0
         self.replayed_records = 0
+        self.read_restored = 0
         self.dropped_frames = 0
         self.recovered = False
         self.restore_s = 0.0
@@ -453,6 +454,7 @@ class NosyncHooks(WorkerHooks):
             return
         t0 = time.perf_counter()
         self._restore(worker)
+        self.read_restored = sum(s.records_in for s in worker.sources)
         self.recovered = True
         # one LINEAGE frame each way with every peer, then replay what they hold for us
         for j, conn in worker.out.items():
@@ -467,6 +469,7 @@ class NosyncHooks(WorkerHooks):
                 "restored_step": self.durable_step,
                 "steps": self.replayed_steps,
                 "records": self.replayed_records,
+                "read_restored": self.read_restored,
                 "restore_s": self.restore_s,
             }
         )
@@ -667,8 +670,11 @@ class NosyncMode(Mode):
         if msg.get("op") == "replayed":
             for r in reversed(self.recoveries):
                 if r["worker"] == worker or r.get("global"):
-                    r.setdefault("records_reprocessed", 0)
-                    r["records_reprocessed"] += int(msg["records"])
+                    # records its sources read again: as far as they had read when it was lost
+                    # (its last heartbeat), from its snapshot's positions
+                    r["records_reprocessed"] = max(0, r.get("read_at_loss", 0) - int(msg["read_restored"]))
+                    r.setdefault("records_replayed", 0)
+                    r["records_replayed"] += int(msg["records"])
                     r.setdefault("steps_replayed", 0)
                     r["steps_replayed"] += int(msg["steps"])
                     r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
@@ -712,6 +718,7 @@ class NosyncMode(Mode):
             "lost_at": time.time(),
             "detection_s": coord.silent_s,
             "durable_step": self.points.get(worker, {}).get("step", 0),
+            "read_at_loss": int(coord.counters.get(worker, {}).get("read", 0)),
         }
         self.recoveries.append(row)
         others = [w for w in self.recovering if w != worker]

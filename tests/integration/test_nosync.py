@@ -117,7 +117,7 @@ def safe_points(events: Events, proc: subprocess.Popen, n: int) -> dict:
 def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
     import pyarrow.parquet as pq
 
-    records, keys = 6_000_000, 100_000
+    records, keys = 5_000_000, 100_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = keyed_count(run_dir, records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
