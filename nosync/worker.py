@@ -775,8 +775,10 @@ class Worker:
                         if kind == "out" and done_sent:
                             continue
                         if hooks.recovers:
-                            # the coordinator sees the peer's end and says what follows
-                            self.peer_down(j)
+                            # the coordinator sees the peer's end and says what follows: a mode
+                            # that recovers the peer alone goes on without it meanwhile
+                            if hooks.accepts_peers:
+                                self.peer_down(j)
                             continue
                         raise RunFailed(f"worker {self.index}: channel with worker {j} closed: {e}") from e
                 if busy:
@@ -811,7 +813,9 @@ class Worker:
                     except OSError:
                         if not self.hooks.recovers:
                             raise
-                        self.peer_down(j)
+                        self._detach(c)
+                        if self.hooks.accepts_peers:
+                            self.peer_down(j)
 
     def _detach(self, conn: channels.Connection) -> None:
         if self.sel is not None:
