@@ -672,9 +672,12 @@ class NosyncMode(Mode):
                 if r["worker"] == worker or r.get("global"):
                     # records its sources read again: as far as they had read when it was lost
                     # (its last heartbeat), from its snapshot's positions
-                    r["records_reprocessed"] = max(0, r.get("read_at_loss", 0) - int(msg["read_restored"]))
                     r.setdefault("records_replayed", 0)
                     r["records_replayed"] += int(msg["records"])
+                    # (a lower bound: the heartbeat may be older than the snapshot restored)
+                    r["records_reprocessed"] = max(
+                        r.get("read_at_loss", 0) - int(msg["read_restored"]), r["records_replayed"]
+                    )
                     r.setdefault("steps_replayed", 0)
                     r["steps_replayed"] += int(msg["steps"])
                     r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
