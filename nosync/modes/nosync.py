@@ -56,7 +56,7 @@ from typing import Any
 import msgpack
 import xxhash
 
-from lineage import Stash, safe_point
+from lineage import LineageError, Stash, recovery_plan, safe_point
 from lsm import TOMBSTONE
 from nosync import frames
 from nosync.errors import RunFailed
@@ -557,7 +557,14 @@ class NosyncHooks(WorkerHooks):
         try:
             while not all(self.resumed.get(j) for j in worker.inc):
                 pump(0.05)
-            entries = self.stash.contiguous(me, self.step)
+            # the plan checks the lineage against the snapshot: frames of each link consumed
+            # in order, none the snapshot had already consumed
+            point = {"step": self.step, "consumed": self.consumed, "produced": self.produced}
+            try:
+                plan = recovery_plan({me}, {me: point}, {me: [self.stash.entries(me)]}, worker.workers)[me]
+            except LineageError as e:
+                raise RunFailed(f"worker {me}: the lineage its peers hold cannot be replayed: {e}") from e
+            entries = plan["replay"]
             for _, entry in entries:
                 kind = entry[0]
                 if kind == "i":
