@@ -46,6 +46,7 @@ class StandInWorker:
         self.batch_size = batch_size
         self.epoch_records = epoch_records
         self.epoch_ms = 0
+        self.slow_s = 0.0
         self.clock = types.SimpleNamespace(ts=0.0)
         self.first_read_at = None
         self.dead: list = []
