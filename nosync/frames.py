@@ -54,14 +54,7 @@ class Frame(NamedTuple):
 
 def encode(kind: int, header: dict, body: Any = None) -> bytes:
     """The bytes of one frame."""
-    h = msgpack.packb(header, use_bin_type=True)
-    b = msgpack.packb(body, use_bin_type=True)
-    if len(h) > MAX_HEADER:
-        raise FrameError(f"frame header of {len(h)} bytes exceeds the {MAX_HEADER}-byte limit")
-    n = 4 + len(h) + len(b)
-    if n > MAX_FRAME:
-        raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
-    return PREFIX.pack(n, VERSION, kind, len(h)) + h + b
+    return encode_packed(kind, header, msgpack.packb(body, use_bin_type=True))
 
 
 def encode_packed(kind: int, header: dict, body: bytes) -> bytes:

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from nosync import frames
-from nosync.errors import NosyncError
+from nosync.errors import NosyncError, RunFailed
 
 MODES = ("none", "abs", "nosync", "replay")
 
@@ -149,6 +149,30 @@ class Mode:
 
     def close(self, coordinator: Any) -> None:
         """The run ended (finished or failed)."""
+
+
+LOCK_WAIT_S = 30.0
+"""How long a restarting worker waits for the store lock of a previous attempt to go."""
+
+
+def open_store(worker: Any, path: str, what: str, **options: Any) -> Any:
+    """Opens the `lsm` store at `path` for `worker`, waiting (with heartbeats) while the
+    process of an attempt being killed still holds its lock; `what` names it in errors."""
+    import time
+
+    import lsm
+
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return lsm.Store(path, **options)
+        except lsm.StoreLockedError as e:
+            if time.monotonic() > deadline:
+                raise RunFailed(f"worker {worker.index}: {what}: {e}") from e
+            worker.keepalive()
+            time.sleep(0.1)
+        except lsm.LsmError as e:
+            raise RunFailed(f"worker {worker.index}: {what}: {e}") from e
 
 
 def _mode_class(name: str) -> type[Mode]:

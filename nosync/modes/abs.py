@@ -43,15 +43,13 @@ from typing import Any
 
 from nosync import checkpoints
 from nosync.errors import RunFailed
-from nosync.modes import Mode, WorkerHooks
+from nosync.modes import Mode, WorkerHooks, open_store
 from nosync.operators import EOS, SinkOp
 
 log = logging.getLogger("nosync.abs")
 
 RETENTION = 64
 """Checkpoint ids each keyed store keeps versions of: a rollback may go this far back."""
-LOCK_WAIT_S = 30.0
-"""How long a restarting worker waits for the store lock of a previous attempt to go."""
 KEEP_FILES = 3
 """Completed checkpoint files kept in the run directory (the newest, and fallbacks)."""
 
@@ -82,24 +80,12 @@ class AbsHooks(WorkerHooks):
     # -- restore ---------------------------------------------------------------------
 
     def _open_stores(self, worker: Any) -> None:
-        import lsm
-
         for op in worker.ops:
             if hasattr(op, "take_updates") and op.name not in self.stores:
                 path = state_path(worker.spec["run_dir"], worker.index, op.name)
-                deadline = time.monotonic() + LOCK_WAIT_S
-                while True:
-                    try:
-                        self.stores[op.name] = lsm.Store(path, retention=RETENTION)
-                        break
-                    except lsm.StoreLockedError as e:
-                        # the process of an attempt that is being killed may still hold it
-                        if time.monotonic() > deadline:
-                            raise RunFailed(f"worker {worker.index}: the state of operator '{op.name}': {e}") from e
-                        worker.keepalive()
-                        time.sleep(0.1)
-                    except lsm.LsmError as e:
-                        raise RunFailed(f"worker {worker.index}: the state of operator '{op.name}': {e}") from e
+                self.stores[op.name] = open_store(
+                    worker, path, f"the state of operator '{op.name}'", retention=RETENTION
+                )
 
     def on_start(self, worker: Any, peers: dict) -> None:
         self.worker = worker

@@ -60,12 +60,11 @@ from lineage import LineageError, Stash, recovery_plan, safe_point
 from lsm import TOMBSTONE
 from nosync import frames
 from nosync.errors import RunFailed
-from nosync.modes import Mode, WorkerHooks
+from nosync.modes import Mode, WorkerHooks, open_store
 from nosync.operators import EOS, MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
 
 log = logging.getLogger("nosync.nosync")
 
-LOCK_WAIT_S = 30.0
 REPLAY_TIMEOUT_S = 120.0
 META = ("_m",)
 OUT = "_o"
@@ -418,23 +417,10 @@ class NosyncHooks(WorkerHooks):
     # -- restore and replay ---------------------------------------------------------------
 
     def _open_store(self, worker: Any) -> None:
-        import lsm
-
         if self.store is not None:
             return
         path = store_path(worker.spec["run_dir"], worker.index)
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                self.store = lsm.Store(path, retention=0)
-                return
-            except lsm.StoreLockedError as e:
-                if time.monotonic() > deadline:
-                    raise RunFailed(f"worker {worker.index}: the nosync log: {e}") from e
-                worker.keepalive()
-                time.sleep(0.1)
-            except lsm.LsmError as e:
-                raise RunFailed(f"worker {worker.index}: the nosync log {path}: {e}") from e
+        self.store = open_store(worker, path, f"the nosync log {path}", retention=0)
 
     def on_start(self, worker: Any, peers: dict) -> None:
         self.w = worker
