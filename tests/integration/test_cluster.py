@@ -159,6 +159,7 @@ def test_wordcount_on_a_standalone_cluster(cluster, tmp_path):
     assert summary["workers"] == 2
 
 
+@pytest.mark.soak  # two minutes; `make soak` runs it
 def test_abs_recovers_a_killed_worker_on_a_standalone_cluster(cluster, tmp_path):
     """The retry of a killed worker task rejoins the run on the cluster; exactly-once holds."""
     from experiments.chaos import chaos

@@ -40,7 +40,7 @@ WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
 NOSYNC = [sys.executable, "-m", "cli.main"]
 
-CASES = [("wordcount", 2, 1), ("keyed_count", 3, 2), ("nexmark", 2, 3)]
+CASES = [("wordcount", 3, 3), ("keyed_count", 2, 1), ("nexmark", 2, 1)]
 
 
 @pytest.mark.parametrize(("workload", "workers", "kills"), CASES)
