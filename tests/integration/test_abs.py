@@ -1,7 +1,7 @@
 """Mode abs under real SIGKILLs of real processes, on embedded Spark.
 
 - `nosync chaos --mode abs` says exactly-once for every shipped workload, W = 2 and 3, 1 to 3
-  kills (a few combinations here; the whole grid, with more seeds, under `make soak`);
+  kills (one combination here; the whole grid, with more seeds, under `make soak`);
 - two kills close together: the retry of the first is killed while it restores;
 - the driver itself is killed, and `nosync run --resume` finishes the run from its last
   completed checkpoint;
@@ -62,8 +62,7 @@ def workload_params(name: str, tmp_path) -> dict:
     return {"bids": "1500000"}
 
 
-# the suite's share (mode nosync's chaos cases cover the other workloads); every workload,
-# worker count and kill count is in the soak grid
+# the suite's share; every workload, worker count and kill count is in the soak grid
 CASES = [("wordcount", 2, 1)]
 
 
