@@ -40,9 +40,14 @@ frames that a survivor already processed are dropped by chan_seq after their fin
 checked. Then it runs live. A second worker lost while one recovers, or `run --resume`, makes
 every worker restore its own last snapshot and replay the same way (a new generation).
 
+A source that cannot restart from a position (TcpLines) goes through an input log: every
+chunk it delivers is appended to the worker's input store and made durable (fsynced) before
+any record of it is processed, so a replay reads the same chunks back from the log, and past
+its end the source goes on live. Lines the server had sent that the lost process had not
+logged yet are gone with its connection.
+
 Left out: the rollback cascade for a fingerprint mismatch (a user function that is not
-deterministic given its input order fails the run, naming the link and chan_seq); TcpLines
-is refused (its records are not logged yet).
+deterministic given its input order fails the run, naming the link and chan_seq).
 """
 
 from __future__ import annotations
@@ -77,12 +82,62 @@ def store_path(run_dir: str, worker: int) -> str:
     return os.path.join(run_dir, "state", f"w{worker}", "nosync")
 
 
+def input_store_path(run_dir: str, worker: int) -> str:
+    return os.path.join(run_dir, "state", f"w{worker}", "input")
+
+
 def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+class InputLog:
+    """A source that cannot restart from a position, made replayable: the chunks it delivers
+    are logged, keyed (source, partition, first record), and durable before they are handed
+    on; `read` from a position serves the logged chunks from there, then the live source."""
+
+    replayable = True
+
+    def __init__(self, inner: Any, index: int, store: Any, tier: str) -> None:
+        self.inner, self.index, self.store, self.tier = inner, index, store, tier
+        self.log_s = 0.0
+        self.logged_records = 0
+
+    def partitions(self, workers: int | None = None) -> list[dict]:
+        return self.inner.partitions(workers)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def read(self, part: dict, offset: Any, chunk: int, on_bad: Any) -> Any:
+        pid = _pack(part)
+        pos = int(offset or 0)
+        for (_, _, start), recs in self.store.scan((self.index, pid)):
+            if recs is None:
+                return  # the live source had ended: it ends here again
+            if start + len(recs) <= pos:
+                continue
+            if start < pos:
+                # positions are chunk starts; a chunk is never split, but be exact anyway
+                recs = recs[pos - start :]
+            pos += len(recs)
+            yield list(recs), pos
+        # past the log: the source live, from what its new connection delivers
+        for recs, _ in self.inner.read(part, None, chunk, on_bad):
+            self._append(pid, pos, recs)
+            self.logged_records += len(recs)
+            pos += len(recs)
+            yield recs, pos
+        self._append(pid, pos, None)  # its end too: a replay must not read past it
+
+    def _append(self, pid: bytes, pos: int, recs: list | None) -> None:
+        t0 = time.perf_counter()
+        self.store.append(self.store.last_seq + 1, [((self.index, pid, pos), recs)])
+        self.store.flush(self.tier)
+        self.log_s += time.perf_counter() - t0
 
 
 class NosyncHooks(WorkerHooks):
@@ -99,6 +154,8 @@ class NosyncHooks(WorkerHooks):
         self.persist_s = o.get("persist_ms", 200) / 1000
         self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
         self.store: Any = None
+        self.inputs: Any = None
+        self.input_logs: list[InputLog] = []
         self.w: Any = None
         self.stall_s = 0.0
         self.snapshots = 0
@@ -430,6 +487,14 @@ class NosyncHooks(WorkerHooks):
                 op.incremental = True
                 op.track_dirty = False
         self._open_store(worker)
+        self.input_logs = []
+        for i, src in enumerate(worker.sources):
+            if not src.source.replayable:
+                if self.inputs is None:
+                    path = input_store_path(worker.spec["run_dir"], worker.index)
+                    self.inputs = open_store(worker, path, f"the input log {path}", retention=0)
+                src.source = InputLog(src.source, i, self.inputs, self.tier)
+                self.input_logs.append(src.source)
         restore = bool(peers.get("restore")) or worker.attempt > 0
         for j in worker.out:
             self.up[j] = False
@@ -603,15 +668,18 @@ class NosyncHooks(WorkerHooks):
             "output_log_frames": sum(len(q) for q in self.outlog.values()),
             "output_log_bytes": sum(len(f) for q in self.outlog.values() for _, f in q),
             "lineage_entries": sum(len(self.stash.entries(o)) for o in self.stash.origins()),
+            "input_logged_records": sum(x.logged_records for x in self.input_logs),
+            "input_log_s": sum(x.log_s for x in self.input_logs),
         }
 
     def close(self, worker: Any) -> None:
-        if self.store is not None:
-            try:
-                self.store.close()
-            except Exception:  # noqa: BLE001 - closing after a failure must not hide it
-                log.exception("closing %s", self.store.path)
-            self.store = None
+        for store in (self.store, self.inputs):
+            if store is not None:
+                try:
+                    store.close()
+                except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+                    log.exception("closing %s", store.path)
+        self.store = self.inputs = None
 
 
 def _join_sides(items: Any) -> Any:
@@ -636,7 +704,7 @@ class NosyncMode(Mode):
 
     name = "nosync"
     hooks_class = NosyncHooks
-    requires_replayable_sources = True
+    requires_replayable_sources = False  # the input log makes the others replayable
 
     def __init__(self, options: dict | None = None) -> None:
         super().__init__(options)

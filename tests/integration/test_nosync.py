@@ -13,7 +13,10 @@
 - the lost worker's disk tier is deleted before its retry starts: it recovers from the remote
   tier, and the output is the same;
 - a second worker lost while one recovers: every worker restores its own snapshot;
-- the driver is killed, and `nosync run --resume` finishes the run from every worker's snapshot.
+- the driver is killed, and `nosync run --resume` finishes the run from every worker's snapshot;
+- a TCP line source, which cannot restart from a position: the worker reading it is killed,
+  its retry reads the lines it had logged back from its input log, then goes on with what its
+  new connection delivers, each line counted once.
 
 Expected outputs are computed from the generator's definition (record i is the key
 str(i % keys)), never taken from a run.
@@ -26,8 +29,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -263,3 +268,60 @@ def test_resume_after_the_driver_is_killed(tmp_path):
     assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
     restores = [e for e in Events(str(run_dir / "events.jsonl")).poll() if e["event"] == "restore"]
     assert restores
+
+
+def test_a_tcp_source_is_replayed_from_its_input_log(tmp_path):
+    """The first connection streams 2, 3, 4, ... until the reader is killed; the retry's
+    connection delivers 1,000,000 .. 1,019,999 and ends. The lost process may have read lines
+    it had not logged: those are gone with its connection, so the output must count exactly
+    the first m lines of the first connection, for some m, and every line of the second."""
+    second = list(range(1_000_000, 1_020_000))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    connections = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            connections.append(conn)
+            with conn:
+                try:
+                    if len(connections) == 1:
+                        n = 2
+                        while True:
+                            conn.sendall("".join(f"{i}\n" for i in range(n, n + 200)).encode())
+                            n += 200
+                            time.sleep(0.005)
+                    else:
+                        conn.sendall("".join(f"{i}\n" for i in second).encode())
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start(os.path.join(PIPELINES, "tcp_count.py"), run_dir, "--epoch-records", "1000", port=port, output=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 5)
+        os.kill(events.pid_of(0), signal.SIGKILL)
+    finally:
+        _, err = finish(proc, timeout=300)
+        server.close()
+    assert proc.returncode == 0, err[-3000:]
+    assert len(connections) == 2, "the retry did not go on live after its input log"
+    got = committed_pairs(str(out))
+    assert all(n == 1 for n in got.values()), f"counts committed twice: {[p for p, n in got.items() if n > 1][:5]}"
+    per_key = collections.Counter(k for k, _ in got)
+    for key, c in per_key.items():
+        assert {n for k, n in got if k == key} == set(range(1, c + 1)), f"key {key}: counts lost"
+    m = sum(per_key.values()) - len(second)
+    assert m >= 5000, f"only {m} lines of the first connection counted, after safe point 5"
+    expected = collections.Counter(str(i % 50) for i in [*range(2, 2 + m), *second])
+    assert per_key == expected
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["recoveries"]) == 1
