@@ -67,6 +67,13 @@ from cli.common import parse_params
     help="nosync: snapshot bytes not yet durable above which sources wait (backpressure).",
 )
 @click.option(
+    "--max-output-log-mb",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="nosync: output-log bytes held in memory; past it, frames already durable are read back from disk when needed.",
+)
+@click.option(
     "--resume",
     is_flag=True,
     help="Continue the run in --run-dir (abs: its last completed checkpoint; nosync: every worker's last snapshot).",
@@ -90,6 +97,7 @@ def run_cmd(
     max_restarts,
     persist_ms,
     max_unpersisted_mb,
+    max_output_log_mb,
     resume,
     params,
 ) -> None:
@@ -140,6 +148,7 @@ def run_cmd(
             resume=resume,
             persist_ms=persist_ms,
             max_unpersisted_mb=max_unpersisted_mb,
+            max_output_log_mb=max_output_log_mb,
         )
     except PipelineError as e:
         if tty:

@@ -63,6 +63,7 @@ def run(
     resume: bool = False,
     persist_ms: int = 200,
     max_unpersisted_mb: int = 256,
+    max_output_log_mb: int = 64,
     slow_worker: tuple[int, int] | None = None,
 ) -> RunResult:
     if workers < 1:
@@ -96,6 +97,7 @@ def run(
             "persist_ms": persist_ms,
             "persist_tier": checkpoint_tier,
             "max_unpersisted_mb": max_unpersisted_mb,
+            "max_output_log_mb": max_output_log_mb,
         },
     )
     if driver_mode.requires_replayable_sources:

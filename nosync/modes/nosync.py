@@ -13,7 +13,8 @@ link, the fingerprint an xxh64 of the encoded records) and, in its header, the l
 the receiver does not hold yet — the sender's own and those of every other worker it holds
 (causal logging: whoever received a frame holds the entries of every step the frame depends
 on, transitively). The frame stays in the sender's output log until the receiver's durable
-point covers it.
+point covers it; past `max_output_log_mb` in memory, frames already durable in a snapshot are
+dropped from memory (spilled) and read back from the store if a peer asks for them again.
 
 Every `persist_ms` the worker takes a local snapshot between two steps, alone: exchange buffers
 are flushed (a logged step), sinks pre-commit what they staged, and one `append` to the
@@ -153,6 +154,8 @@ class NosyncHooks(WorkerHooks):
         self.tier = o.get("persist_tier", "disk")
         self.persist_s = o.get("persist_ms", 200) / 1000
         self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
+        self.max_out_mem = int(o.get("max_output_log_mb", 64) * (1 << 20))
+        self.spilled_frames = 0
         self.store: Any = None
         self.inputs: Any = None
         self.input_logs: list[InputLog] = []
@@ -176,6 +179,10 @@ class NosyncHooks(WorkerHooks):
         self.received: dict[int, int] = {}
         self.fps: dict[int, dict[int, int]] = {}
         self.outlog: dict[int, deque] = {}
+        """Per destination, [chan_seq, frame] items; the frame None once spilled."""
+        self.out_mem = 0
+        self.spillable: deque = deque()
+        """(snapshot step, item) of the frames each snapshot wrote, in order."""
         self.new_out: list = []
         self.trimmed: list = []
         self.up: dict[int, bool] = {}
@@ -225,8 +232,10 @@ class NosyncHooks(WorkerHooks):
         if lin:
             header["lin"] = lin
         frame = frames.encode_packed(kind, header, data)
-        self.outlog.setdefault(dest, deque()).append((seq, frame))
-        self.new_out.append((dest, seq, frame))
+        item = [seq, frame]
+        self.outlog.setdefault(dest, deque()).append(item)
+        self.out_mem += len(frame)
+        self.new_out.append((dest, item))
         if self.up.get(dest):
             worker.out[dest].send(frame)
 
@@ -321,7 +330,7 @@ class NosyncHooks(WorkerHooks):
             )
         for seq, frame in log_:
             if seq >= start:
-                conn.send(frame)
+                conn.send(frame if frame is not None else self.store.get((OUT, j, seq)))
         self.up[j] = True
 
     def on_peer_down(self, worker: Any, peer: int) -> None:
@@ -361,8 +370,11 @@ class NosyncHooks(WorkerHooks):
                 upto = int(p["consumed"].get(me, 0))
                 q = self.outlog.get(w)
                 while q and q[0][0] <= upto:
-                    seq, _ = q.popleft()
-                    self.trimmed.append((w, seq))
+                    item = q.popleft()
+                    if item[1] is not None:
+                        self.out_mem -= len(item[1])
+                        item[1] = None
+                    self.trimmed.append((w, item[0]))
                 prod = int(p["produced"].get(me, 0))
                 fp = self.fps.get(w)
                 if fp:
@@ -416,7 +428,8 @@ class NosyncHooks(WorkerHooks):
                 updates.extend(((i, key, side, x), v) for key, side, x, v in op.take_increments())
             elif isinstance(op, KeyedOp):
                 updates.extend(((i, key), v) for key, v in op.take_updates())
-        updates.extend(((OUT, d, seq), frame) for d, seq, frame in self.new_out)
+        updates.extend(((OUT, d, item[0]), item[1]) for d, item in self.new_out)
+        self.spillable.extend((k, item) for _, item in self.new_out)
         updates.extend(((OUT, d, seq), TOMBSTONE) for d, seq in self.trimmed)
         self.new_out, self.trimmed = [], []
         meta = {
@@ -460,8 +473,23 @@ class NosyncHooks(WorkerHooks):
                 self.durable_step = k
                 self.stash.trim(worker.index, k)
                 worker.send_ctrl({"type": "mode", "op": "durable", "gen": worker.gen, "point": point})
+            if self.out_mem > self.max_out_mem:
+                self._spill()
             if self.pending and self.store.error is not None:
                 log.warning("worker %s: persisting: %s", worker.index, self.store.error)
+
+    def _spill(self) -> None:
+        """Drops from memory the oldest output-log frames a durable snapshot holds, until the
+        output log is within its bound (or nothing durable is left to drop)."""
+        q = self.spillable
+        while q and q[0][0] <= self.durable_step and self.out_mem > self.max_out_mem // 2:
+            _, item = q.popleft()
+            if item[1] is not None:
+                self.out_mem -= len(item[1])
+                item[1] = None
+                self.spilled_frames += 1
+        while q and q[0][1][1] is None:
+            q.popleft()  # trimmed meanwhile
 
     def can_finish(self, worker: Any) -> bool:
         return (
@@ -539,8 +567,9 @@ class NosyncHooks(WorkerHooks):
         for origin, entries in meta["stash"].items():
             self.stash.add(int(origin), entries)
         self.pc_epochs = {n: {int(c): int(e) for c, e in d.items()} for n, d in meta["pc_epochs"].items()}
-        for (_, d, seq), frame in store.scan((OUT,)):
-            self.outlog.setdefault(int(d), deque()).append((int(seq), frame))
+        for (_, d, seq), _ in store.scan((OUT,)):
+            # left in the store (spilled): read back only if a peer asks for it again
+            self.outlog.setdefault(int(d), deque()).append([int(seq), None])
         metas = meta["ops"]
         for i, op in enumerate(worker.ops):
             m = metas.get(op.name)
@@ -666,7 +695,8 @@ class NosyncHooks(WorkerHooks):
             "dropped_frames": self.dropped_frames,
             "restore_s": self.restore_s,
             "output_log_frames": sum(len(q) for q in self.outlog.values()),
-            "output_log_bytes": sum(len(f) for q in self.outlog.values() for _, f in q),
+            "output_log_bytes": self.out_mem,
+            "output_log_spilled_frames": self.spilled_frames,
             "lineage_entries": sum(len(self.stash.entries(o)) for o in self.stash.origins()),
             "input_logged_records": sum(x.logged_records for x in self.input_logs),
             "input_log_s": sum(x.log_s for x in self.input_logs),
@@ -725,6 +755,7 @@ class NosyncMode(Mode):
             "persist_tier": o.get("persist_tier") or o.get("checkpoint_tier") or "disk",
             "persist_ms": o.get("persist_ms") or 200,
             "max_unpersisted_mb": o.get("max_unpersisted_mb") or 256,
+            "max_output_log_mb": o.get("max_output_log_mb") or 64,
         }
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
@@ -848,6 +879,8 @@ class NosyncMode(Mode):
             "snapshots": sum(m.get("snapshots", 0) for m in per),
             "replayed_steps": sum(m.get("replayed_steps", 0) for m in per),
             "frames_dropped_as_replayed": sum(m.get("dropped_frames", 0) for m in per),
+            "output_log_spilled_frames": sum(m.get("output_log_spilled_frames", 0) for m in per),
+            "input_logged_records": sum(m.get("input_logged_records", 0) for m in per),
             "safe_point": self.safe,
             "safe_points": len(self.safe_rows),
             "recoveries": self.recoveries,

@@ -3,7 +3,8 @@
 - `nosync chaos --mode nosync` says exactly-once for every shipped workload, W = 2 and 3, 1 to
   3 kills (a few combinations here; the whole grid, with more seeds, under `make soak`);
 - a lost worker recovers alone: the survivors stay in their generation and keep reading their
-  input while it recovers (their progress over time, from the run's progress table);
+  input while it recovers (their progress over time, from the run's progress table); what
+  they send it meanwhile spills from their output logs and is read back from disk;
 - an operator whose output depends on the arrival order across two inputs: the recovered
   worker replays the order its peers hold in their lineage, and the output is one a
   failure-free run could have produced (checked against the input's definition, since two
@@ -124,7 +125,9 @@ def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
 
     records, keys = 5_000_000, 100_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
-    proc = keyed_count(run_dir, records=records, keys=keys, out=out)
+    # what the survivor sends the lost worker meanwhile spills from its output log to disk,
+    # and is read back from there when the retry asks for it
+    proc = keyed_count(run_dir, "--max-output-log-mb", "1", records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
     try:
         safe_points(events, proc, 8)
@@ -150,6 +153,8 @@ def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
     # abs stops every worker here; the survivor of nosync goes on at a rate of the same order
     assert during >= 0.5 * before, f"the survivor read {during:,} records during the recovery, {before:,} before"
     assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["output_log_spilled_frames"] > 0
 
 
 def test_arrival_order_is_replayed_from_the_lineage_the_peers_hold(tmp_path):
