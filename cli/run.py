@@ -71,7 +71,7 @@ from cli.common import parse_params
     type=click.IntRange(min=1),
     default=64,
     show_default=True,
-    help="nosync: output-log bytes held in memory; past it, frames already durable are read back from disk when needed.",
+    help="nosync: output-log MB held in memory; past it, frames already durable are read back from disk.",
 )
 @click.option(
     "--resume",
