@@ -7,6 +7,7 @@ import click
 from cli.bench import bench
 from cli.chaos import chaos_cmd
 from cli.demo import demo
+from cli.diff import diff_cmd
 from cli.run import run_cmd
 
 
@@ -18,6 +19,7 @@ def main() -> None:
 main.add_command(bench)
 main.add_command(chaos_cmd)
 main.add_command(demo)
+main.add_command(diff_cmd)
 main.add_command(run_cmd)
 
 if __name__ == "__main__":

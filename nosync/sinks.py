@@ -142,16 +142,23 @@ class Files(Sink):
 
     def read_committed(self) -> list:
         """Every committed record, part files in name order (for tests and tools)."""
+        return [r for _, r in self.read_committed_epochs()]
+
+    def read_committed_epochs(self) -> list[tuple[int, Any]]:
+        """(epoch, record) of every committed record, part files in name order; the epoch is
+        the one its part file is named after."""
         out: list = []
         if not os.path.isdir(self.directory):
             return out
         for name in sorted(os.listdir(self.directory)):
             path = os.path.join(self.directory, name)
+            m = _PART_NAME.match(name)
+            epoch = int(m.group(1)) if m else -1
             if name.endswith(".jsonl"):
                 with open(path, encoding="utf-8") as f:
-                    out.extend(json.loads(line) for line in f if line.strip())
+                    out.extend((epoch, json.loads(line)) for line in f if line.strip())
             elif name.endswith(".parquet"):
-                out.extend(_parquet_records(path))
+                out.extend((epoch, r) for r in _parquet_records(path))
         return out
 
 
