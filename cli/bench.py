@@ -177,3 +177,22 @@ def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json
         recovery.render,
         as_json,
     )
+
+
+@bench.command("batch")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
+@click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept for each.")
+@click.option("--master", default=None, help="Spark master (default: embedded local[W,F]).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+def bench_batch(workers, records, keys, reps, master, as_json) -> None:
+    """A keyed_count backfill: Spark batch jobs against the streaming run, in one session."""
+    from experiments.bench import batch
+
+    _report(
+        "batch",
+        lambda progress: batch.run(workers, records, keys, reps=reps, master=master, progress=progress),
+        batch.render,
+        as_json,
+    )

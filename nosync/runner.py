@@ -119,6 +119,8 @@ def run(
             "mode": mode,
             "workers": workers,
             "batch_size": batch_size,
+            "epoch_records": epoch_records,
+            "epoch_ms": epoch_ms,
             "run_id": run_id,
             "resumed": resume,
         },

@@ -34,6 +34,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import xxhash
@@ -81,6 +82,65 @@ def partition_of(key: Any, workers: int) -> int:
 
         data = msgpack.packb(key, use_bin_type=True)
     return xxhash.xxh64_intdigest(data) % workers
+
+
+def build_ops(
+    p: PhysicalPlan, keep: set[int] | None, source_op: Callable, sink_op: Callable, hooks: Any
+) -> tuple[list[Op], dict[int, Op]]:
+    """One instance of every operator of `p` (or of the nodes in `keep`), in node order, with
+    the loops wired to their iterate operators; the edges are the caller's (`graph_edges`)."""
+    ops: list[Op] = []
+    by_id: dict[int, Op] = {}
+    for n in p.pipeline.nodes:
+        if keep is not None and n.id not in keep:
+            continue
+        if n.kind == "source":
+            op: Op = source_op(n)
+        elif n.kind == "sink":
+            op = sink_op(n)
+        elif n.kind == "join":
+            op = JoinOp(n, set())
+        elif n.kind == "iterate":
+            op = IterateOp(n, [])
+        else:
+            op = make_op(n)
+        op.hooks = hooks
+        op.track_dirty = hooks.tracks_dirty and hasattr(op, "dirty")
+        ops.append(op)
+        by_id[n.id] = op
+    for n in p.pipeline.nodes:
+        if n.kind == "iterate" and n.id in by_id:
+            by_id[n.id].wire(by_id[n.params["entry"]], by_id[n.params["exit"]])
+    return ops, by_id
+
+
+def graph_edges(p: PhysicalPlan) -> list[Any]:
+    """The edges that carry records between operator instances (the entry of a loop is fed
+    by its iterate operator, not by its edge)."""
+    nodes = p.pipeline.nodes
+    loop_nodes = {i for n in nodes if n.kind == "iterate" for i in n.params["body"]} | {
+        n.params["entry"] for n in nodes if n.kind == "iterate"
+    }
+    return [e for e in p.edges if not (e.dst in loop_nodes and nodes[e.dst].kind == "loop_entry")]
+
+
+def edge_channels(e: Any, workers: int) -> list[Any]:
+    """The input channels edge `e` gives its consumer: one per sending worker on an exchange."""
+    return [("x", e.id, w) for w in range(workers)] if e.exchange else [("f", e.id)]
+
+
+def add_edge_input(dst: Op, e: Any, workers: int) -> None:
+    left = isinstance(dst, JoinOp) and e.port == 0
+    for chan in edge_channels(e, workers):
+        dst.add_input(chan)
+        if left:
+            dst.left_channels.add(chan)
+
+
+def finish_loops(p: PhysicalPlan, by_id: dict[int, Op]) -> None:
+    for n in p.pipeline.nodes:
+        if n.kind == "loop_entry" and n.id in by_id:
+            by_id[n.id].add_input("loop")
 
 
 class Rejoin(Exception):
@@ -278,6 +338,12 @@ class SourceOp(Op):
             self._close_epoch(self.epoch)
             self.epoch += 1
         return True
+
+    def end_input(self) -> None:
+        """Ends the source here, as if its input had ended (a batch job that stops at an epoch)."""
+        if not self.finished:
+            self.finished = True
+            self._close_epoch(EOS)
 
     def _close_epoch(self, epoch: int) -> None:
         self.frontier = epoch
@@ -503,59 +569,29 @@ class Worker:
             sel.close()
 
     def _build(self, p: PhysicalPlan) -> None:
-        self.ops, self.by_id, self.routers, self.sources, self.sinks = [], {}, [], [], []
-        nodes = p.pipeline.nodes
-        run_id = self.spec.get("run_id", "")
-        loop_nodes = {i for n in nodes if n.kind == "iterate" for i in n.params["body"]} | {
-            n.params["entry"] for n in nodes if n.kind == "iterate"
-        }
-        for n in nodes:
-            if n.kind == "source":
-                op: Op = SourceOp(n, p.source_parts[n.id][self.index], self)
-                self.sources.append(op)
-            elif n.kind == "sink":
-                part = self._parts.get(n.id)
-                if part is None:
-                    part = self._parts[n.id] = n.params["sink"].open_part(self.index, run_id)
-                op = SinkOp(n, part, self.clock)
-                self.sinks.append(op)
-            elif n.kind == "join":
-                op = JoinOp(n, set())
-            elif n.kind == "iterate":
-                op = IterateOp(n, [])
-            else:
-                op = make_op(n)
-            op.hooks = self.hooks
-            op.track_dirty = self.hooks.tracks_dirty and hasattr(op, "dirty")
-            self.ops.append(op)
-            self.by_id[n.id] = op
-        for n in nodes:
-            if n.kind == "iterate":
-                it = self.by_id[n.id]
-                it.wire(self.by_id[n.params["entry"]], self.by_id[n.params["exit"]])
-        for e in p.edges:
+        self.routers = []
+        self.ops, self.by_id = build_ops(
+            p, None, lambda n: SourceOp(n, p.source_parts[n.id][self.index], self), self._sink_op, self.hooks
+        )
+        self.sources = [op for op in self.ops if isinstance(op, SourceOp)]
+        self.sinks = [op for op in self.ops if isinstance(op, SinkOp)]
+        for e in graph_edges(p):
             src, dst = self.by_id[e.src], self.by_id[e.dst]
-            if e.dst in loop_nodes and nodes[e.dst].kind == "loop_entry":
-                continue  # the entry of a loop is fed by its iterate operator
-            left = isinstance(dst, JoinOp) and e.port == 0
             if e.exchange:
                 r = Router(self, e.id, dst)
                 self.routers.append(r)
                 src.connect(r.push, r.marker, None, r.event)
-                for w in range(self.workers):
-                    dst.add_input(("x", e.id, w))
-                    if left:
-                        dst.left_channels.add(("x", e.id, w))
             else:
-                chan = ("f", e.id)
-                src.connect(dst.push, dst.marker, chan, dst.event)
-                dst.add_input(chan)
-                if left:
-                    dst.left_channels.add(chan)
-        for n in nodes:
-            if n.kind == "loop_entry":
-                self.by_id[n.id].add_input("loop")
+                src.connect(dst.push, dst.marker, ("f", e.id), dst.event)
+            add_edge_input(dst, e, self.workers)
+        finish_loops(p, self.by_id)
         self._edge_dst = {r.edge: r.dst for r in self.routers}
+
+    def _sink_op(self, n: Any) -> SinkOp:
+        part = self._parts.get(n.id)
+        if part is None:
+            part = self._parts[n.id] = n.params["sink"].open_part(self.index, self.spec.get("run_id", ""))
+        return SinkOp(n, part, self.clock)
 
     def _drop_generation(self) -> None:
         """Closes every data connection and keeps what the metrics need of the operators."""

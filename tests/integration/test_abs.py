@@ -82,6 +82,16 @@ def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
     assert r["recoveries"] == kills, r
     assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
     assert r["exactly_once"] is True
+    # what `nosync inspect` finds in the run that was killed
+    from nosync.runinfo import inspect_run
+
+    info = inspect_run(str(tmp_path / "chaos" / "chaos"))
+    assert (info["mode"], info["workers"], info["finished"]) == ("abs", workers, True)
+    assert len(info["recoveries"]) == kills and info["regroups"] == kills
+    c = info["checkpoints"]
+    assert c["completed"] > 0 and c["files"] > 0 and c["bytes"] > 0
+    assert {s["worker"] for s in info["stores"]} == set(range(workers))
+    assert all(s["last_seq"] == s["disk"] >= 0 for s in info["stores"]), info["stores"]
 
 
 SOAK = [

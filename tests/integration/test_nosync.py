@@ -227,6 +227,17 @@ def test_recovery_from_the_remote_tier_when_the_disk_tier_is_gone(tmp_path):
     (rec,) = summary["recoveries"]
     assert rec["restored_step"] > 0, "the retry found nothing to restore: not from the remote tier"
     assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+    # what `nosync inspect` finds: one recovery of worker 1, both logs, the remote tier used
+    from nosync.runinfo import inspect_run
+
+    info = inspect_run(str(run_dir))
+    assert (info["mode"], info["finished"], info["regroups"]) == ("nosync", True, 0)
+    assert [r["worker"] for r in info["recoveries"]] == [1]
+    assert info["recoveries"][0]["restored_step"] == rec["restored_step"]
+    stores = {(s["worker"], s["store"]): s for s in info["stores"]}
+    assert set(stores) == {(0, "nosync"), (1, "nosync")}
+    assert all(s["remote_bytes"] > 0 and s["last_seq"] == s["disk"] > 0 for s in stores.values()), stores
+    assert info["safe_points"]["count"] > 0 and info["safe_points"]["last"] >= 10
 
 
 def test_a_second_worker_lost_while_one_recovers_makes_every_worker_restore(tmp_path):

@@ -1,0 +1,67 @@
+"""`nosync inspect`: what a run directory holds."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MB"
+
+
+@click.command("inspect")
+@click.argument("run_dir", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+def inspect_cmd(run_dir, as_json) -> None:
+    """Show RUN_DIR: pipeline and mode, epochs and safe points, checkpoints (abs), durable
+    points and storage per tier (nosync), recoveries and what each cost."""
+    from nosync.errors import NosyncError
+    from nosync.runinfo import inspect_run
+
+    try:
+        info = inspect_run(run_dir)
+    except NosyncError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    params = " ".join(f"-p {k}={v}" for k, v in info["params"].items())
+    click.echo(f"run        {info['run_dir']}")
+    click.echo(f"pipeline   {info['pipeline']} ({info['pipeline_file']}) {params}".rstrip())
+    click.echo(
+        f"mode       {info['mode']}, {info['workers']} workers, {'finished' if info['finished'] else 'not finished'}"
+    )
+    if info["finished"]:
+        click.echo(
+            f"records    read {info['records_read']:,}, committed {info['records_committed']:,}, "
+            f"{info['records_per_s'] or 0:,.0f}/s, latency p99 {info['latency_p99_ms'] or 0:,.1f} ms"
+        )
+    if "safe_points" in info:
+        sp = info["safe_points"]
+        click.echo(f"safe       {sp['count']} safe points, the last at epoch {sp['last']}")
+    if "checkpoints" in info:
+        c = info["checkpoints"]
+        click.echo(
+            f"checkpoints {c['completed']} completed (last {c['last']}), {c['aborted']} aborted, "
+            f"{c['files']} files, {_mb(c['bytes'])}"
+        )
+    tiers = info["storage_bytes"]
+    if info["stores"]:
+        click.echo("storage    " + ", ".join(f"{t} {_mb(n)}" for t, n in tiers.items()))
+        for s in info["stores"]:
+            if s.get("in_use"):
+                points = "in use by a running worker"
+            elif "error" in s:
+                points = s["error"]
+            else:
+                points = f"last seq {s['last_seq']}, durable on disk {s['disk']}, remote {s['remote']}"
+            click.echo(f"  w{s['worker']} {s['store']:<12} {points}")
+    for r in info["recoveries"]:
+        cost = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items() if k != "reason")
+        click.echo(f"recovery   {cost}")
+    if info["regroups"]:
+        click.echo(f"regroups   {info['regroups']}")

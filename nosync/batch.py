@@ -1,0 +1,396 @@
+"""A pipeline over bounded input as Spark batch jobs, stage by stage.
+
+A stage is what lies between exchanges: the stage of an operator is the greatest number of
+exchange edges on a path from a source to it (loops never hold an exchange, so a loop lies
+inside one stage). Stage 0 is W Spark tasks, task w reading the source partitions that
+streaming worker w would read; every later stage is one Spark job over what earlier stages
+sent it, shuffled by destination (the same xxhash partitioning of keys as the streaming
+routers) and sorted, per destination, by (epoch, sending task, edge, order of emission).
+
+Inside a task, the operators of the stage are the streaming worker's own instances
+(`build_ops`), fed the same batches and progress markers: a map, a keyed aggregate, a window
+or a join runs the same code in both, with no second implementation. Output that leaves the
+stage (an exchange, or a forward edge into a later stage) is captured as rows
+`(dest, edge, src, seq, kind, epoch, data)`, records and markers msgpack-encoded, and crosses
+Spark as Arrow (`mapInArrow`): nothing is pickled. Each stage's rows are materialized once
+(`localCheckpoint`), so no task of a stage runs twice for a later one; a sink commits each
+epoch under the file names a streaming run would use, so a task Spark retries writes the
+same files again.
+
+Epochs are cut by records per source partition (`epoch_records`); `epoch_ms` has no meaning
+over bounded input.
+
+The same jobs answer "what was the keyed state of operator X at the end of epoch E"
+(`keyed_state`): the sources stop after epoch E, sinks write nothing, the stages run up to
+X's, and X's instances hand back their state.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+import msgpack
+
+from nosync import sinks
+from nosync.errors import NosyncError, PipelineError
+from nosync.modes import WorkerHooks
+from nosync.operators import SinkOp
+from nosync.pipeline import KEYED_KINDS
+from nosync.plan import PhysicalPlan, plan
+from nosync.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
+
+SCHEMA = "dest int, edge int, src int, seq long, kind tinyint, epoch long, data binary"
+DATA, MARK, STATS, STATE = 0, 1, 2, 3
+"""Row kinds: records, a progress marker, one row per task of what it read and committed, and
+(key, state) pairs of the operator asked for (edge -1: no stage reads the last two)."""
+DEFAULT_EPOCH_RECORDS = 10_000
+
+
+def stages(p: PhysicalPlan) -> dict[int, int]:
+    """node id -> its stage."""
+    edges = graph_edges(p)
+    stage = {n.id: 0 for n in p.pipeline.nodes}
+    changed = True
+    while changed:
+        changed = False
+        for e in edges:
+            s = stage[e.src] + (1 if e.exchange else 0)
+            if s > stage[e.dst]:
+                stage[e.dst] = s
+                changed = True
+    return stage
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+
+
+class _Clock:
+    ts = 0.0
+
+
+class _Host:
+    """What the operators of one task ask of their worker."""
+
+    def __init__(self, index: int, workers: int, spec: dict) -> None:
+        self.index = index
+        self.workers = workers
+        self.spec = spec
+        self.batch_size = spec["batch_size"]
+        self.epoch_records = spec["epoch_records"]
+        self.epoch_ms = None
+        self.slow_s = 0.0
+        self.clock = _Clock()
+        self.first_read_at: float | None = None
+        self.dead_letters = 0
+        self._dl_file: Any = None
+        self._dl_seen: set = set()
+        self.rows: list[tuple] = []
+        self.seq = 0
+
+    dead_letter = Worker.dead_letter
+
+    def keepalive(self) -> None:
+        pass
+
+
+class _Capture:
+    """The sending end of an edge that leaves the stage: rows for the stages after it."""
+
+    def __init__(self, host: _Host, edge: Any) -> None:
+        self.host = host
+        self.edge = edge
+        self.cache: dict = {}
+
+    def _row(self, dest: int, kind: int, epoch: int, data: bytes) -> None:
+        h = self.host
+        h.seq += 1
+        h.rows.append((dest, self.edge.id, h.index, h.seq, kind, epoch, data))
+
+    def push(self, records: list, epoch: int, _chan: Any) -> None:
+        h = self.host
+        if not self.edge.exchange:
+            self._row(h.index, DATA, epoch, _pack(records))
+            return
+        n = h.workers
+        cache = self.cache
+        buckets: list[list] = [[] for _ in range(n)]
+        for rec in records:
+            k = rec[0]
+            d = cache.get(k)
+            if d is None:
+                d = cache[k] = partition_of(k, n)
+            buckets[d].append(rec)
+        for d, b in enumerate(buckets):
+            if b:
+                self._row(d, DATA, epoch, _pack(b))
+
+    def marker(self, _chan: Any, epoch: int, wm: Any, eos: bool) -> None:
+        h = self.host
+        dests = range(h.workers) if self.edge.exchange else (h.index,)
+        data = _pack([wm, eos])
+        for d in dests:
+            self._row(d, MARK, epoch, data)
+
+    def event(self, _chan: Any, ev: dict) -> None:
+        pass  # no barriers in a batch job
+
+
+def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> tuple[list, dict]:
+    """The operators of stage `s` on `host`, wired: forward edges inside the stage call
+    through, edges leaving it go to captures, edges entering it get their channels."""
+    keep = {i for i, st in stage.items() if st == s}
+    run_id = host.spec["run_id"]
+    dry = host.spec.get("state_of") is not None
+
+    def sink_op(n: Any) -> SinkOp:
+        sink = sinks.Null() if dry else n.params["sink"]
+        return SinkOp(n, sink.open_part(host.index, run_id), host.clock)
+
+    def source_op(n: Any) -> SourceOp:
+        return SourceOp(n, p.source_parts[n.id][host.index], host)
+
+    ops, by_id = build_ops(p, keep, source_op, sink_op, WorkerHooks())
+    for e in graph_edges(p):
+        src, dst = by_id.get(e.src), by_id.get(e.dst)
+        if src is not None and dst is not None and not e.exchange:
+            src.connect(dst.push, dst.marker, ("f", e.id), dst.event)
+        elif src is not None:
+            cap = _Capture(host, e)
+            src.connect(cap.push, cap.marker, None, cap.event)
+        if dst is not None:
+            add_edge_input(dst, e, host.workers)
+    finish_loops(p, by_id)
+    return ops, by_id
+
+
+def _close(ops: list, host: _Host) -> None:
+    stats = {"read": 0, "committed": 0}
+    want = host.spec.get("state_of")
+    for op in ops:
+        if want is not None and op.name == want["operator"]:
+            keys = want.get("keys")
+            items = op.state.items() if keys is None else [(k, op.state[k]) for k in keys if k in op.state]
+            for k, v in items:
+                try:
+                    data = _pack([k, v])
+                except (TypeError, ValueError):
+                    data = _pack([k, repr(v)])  # shown, not restored: its repr will do
+                host.rows.append((host.index, -1, host.index, 0, STATE, 0, data))
+        if isinstance(op, SinkOp):
+            op.part.close()
+            stats["committed"] += op.committed
+        elif isinstance(op, SourceOp):
+            stats["read"] += op.records_in
+    host.rows.append((host.index, -1, host.index, 0, STATS, 0, _pack(stats)))
+
+
+def _rows_batch(rows: list[tuple]) -> Any:
+    import pyarrow as pa
+
+    cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(7)]
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(cols[0], pa.int32()),
+            pa.array(cols[1], pa.int32()),
+            pa.array(cols[2], pa.int32()),
+            pa.array(cols[3], pa.int64()),
+            pa.array(cols[4], pa.int8()),
+            pa.array(cols[5], pa.int64()),
+            pa.array(cols[6], pa.binary()),
+        ],
+        names=["dest", "edge", "src", "seq", "kind", "epoch", "data"],
+    )
+
+
+def _load(spec: dict) -> PhysicalPlan:
+    from nosync.loader import load_pipeline
+
+    return plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
+
+
+def _sources_task(spec: dict) -> Any:
+    """Stage 0: mapInArrow over the task numbers 0..W-1."""
+
+    def run(batches: Any) -> Any:
+        p = _load(spec)
+        stage = stages(p)
+        for batch in batches:
+            for w in batch.column(0).to_pylist():
+                host = _Host(int(w), spec["workers"], spec)
+                ops, _ = _task_graph(p, stage, 0, host)
+                sources = [op for op in ops if isinstance(op, SourceOp)]
+                until = spec.get("until_epoch")
+                busy = True
+                while busy:
+                    busy = False
+                    for src in sources:
+                        if until is not None and src.epoch > until:
+                            src.end_input()
+                        busy = src.poll() or busy
+                _close(ops, host)
+                yield _rows_batch(host.rows)
+
+    return run
+
+
+def _stage_task(spec: dict, s: int) -> Any:
+    """Stage s > 0: the rows of one or more destinations, sorted, fed to their operators."""
+
+    def run(batches: Any) -> Any:
+        p = _load(spec)
+        stage = stages(p)
+        edges = {e.id: e for e in p.edges}
+        host: _Host | None = None
+        ops: list = []
+        by_id: dict = {}
+
+        def done() -> Any:
+            _close(ops, host)
+            return _rows_batch(host.rows)
+
+        for batch in batches:
+            cols = [batch.column(i).to_pylist() for i in range(7)]
+            for dest, edge, src, _seq, kind, epoch, data in zip(*cols, strict=True):
+                if host is None or host.index != dest:
+                    if host is not None:
+                        yield done()
+                    host = _Host(dest, spec["workers"], spec)
+                    ops, by_id = _task_graph(p, stage, s, host)
+                e = edges[edge]
+                chan = ("x", edge, src) if e.exchange else ("f", edge)
+                op = by_id[e.dst]
+                if kind == DATA:
+                    op.push(_unpack(data), epoch, chan)
+                else:
+                    wm, eos = _unpack(data)
+                    op.marker(chan, epoch, wm, eos)
+        if host is not None:
+            yield done()
+
+    return run
+
+
+def run_batch(
+    pipeline_file: str,
+    params: dict | None = None,
+    workers: int = 2,
+    spark: Any = None,
+    master: str | None = None,
+    epoch_records: int | None = None,
+    batch_size: int = 1024,
+    run_dir: str | None = None,
+) -> dict:
+    """Runs the pipeline as Spark batch jobs; returns what it did (stages, seconds, rows)."""
+    r, _ = _run(pipeline_file, params, workers, spark, master, epoch_records, batch_size, run_dir, {})
+    return r
+
+
+def keyed_state(
+    pipeline_file: str,
+    params: dict | None,
+    operator: str,
+    workers: int = 2,
+    epoch_records: int | None = None,
+    until_epoch: int | None = None,
+    keys: list | None = None,
+    spark: Any = None,
+    master: str | None = None,
+    batch_size: int = 1024,
+    run_dir: str | None = None,
+) -> list[tuple[Any, Any]]:
+    """(key, state) of every key of keyed operator `operator` at the end of epoch
+    `until_epoch` (None: all the input), recomputed by batch jobs; only those of `keys`, if
+    given."""
+    extra = {"state_of": {"operator": operator, "keys": keys}, "until_epoch": until_epoch}
+    _, state = _run(pipeline_file, params, workers, spark, master, epoch_records, batch_size, run_dir, extra)
+    return state
+
+
+def _run(
+    pipeline_file: str,
+    params: dict | None,
+    workers: int,
+    spark: Any,
+    master: str | None,
+    epoch_records: int | None,
+    batch_size: int,
+    run_dir: str | None,
+    extra: dict,
+) -> tuple[dict, list]:
+    from nosync.loader import load_pipeline
+    from nosync.spark_host import get_spark
+
+    if workers < 1:
+        raise NosyncError(f"--workers must be at least 1, got {workers}")
+    pipeline = load_pipeline(pipeline_file, params)
+    p = plan(pipeline, workers)
+    for n in pipeline.nodes:
+        if n.kind == "source" and not n.params["source"].replayable:
+            raise PipelineError(
+                f"{n.params['source'].describe()} cannot restart from a position, which a batch job needs "
+                "(Spark may run a task again)",
+                n.name,
+                n.where,
+            )
+    stage = stages(p)
+    last = max(stage.values())
+    want = extra.get("state_of")
+    if want is not None:
+        node = next((n for n in pipeline.nodes if n.name == want["operator"]), None)
+        if node is None:
+            names = ", ".join(n.name for n in pipeline.nodes)
+            raise PipelineError(f"no operator named '{want['operator']}'; operators: {names}")
+        if node.kind not in KEYED_KINDS:
+            raise PipelineError(
+                f"operator '{node.name}' is a {node.kind}: it keeps no keyed state", node.name, node.where
+            )
+        last = stage[node.id]
+    run_dir = run_dir or os.path.join("runs", f"batch-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(run_dir, exist_ok=True)
+    spec = {
+        "pipeline_file": os.path.abspath(pipeline_file),
+        "params": dict(params or {}),
+        "workers": workers,
+        "batch_size": batch_size,
+        "epoch_records": epoch_records or DEFAULT_EPOCH_RECORDS,
+        "run_dir": os.path.abspath(run_dir),
+        "run_id": uuid.uuid4().hex,
+        "on_bad_record": "deadletter",
+        **extra,
+    }
+    if spark is None:
+        spark = get_spark(master, workers, app="nosync-batch")
+    t0 = time.time()
+    outputs: list[Any] = []
+    rows = []
+    totals = {"read": 0, "committed": 0}
+    state: list = []
+    ids = spark.range(0, workers, 1, workers)
+    for s in range(last + 1):
+        if s == 0:
+            out = ids.mapInArrow(_sources_task(spec), SCHEMA)
+        else:
+            into = [e.id for e in graph_edges(p) if stage[e.dst] == s and stage[e.src] < s]
+            parts = [df.where(df.edge.isin(into)) for df in outputs]
+            df = parts[0]
+            for more in parts[1:]:
+                df = df.unionAll(more)
+            df = df.repartition(workers, "dest").sortWithinPartitions("dest", "epoch", "src", "edge", "seq")
+            out = df.mapInArrow(_stage_task(spec, s), SCHEMA)
+        out = out.localCheckpoint(eager=True)
+        for r in out.where(out.kind == STATS).select("data").collect():
+            for k, v in _unpack(r[0]).items():
+                totals[k] += v
+        if want is not None and s == last:
+            state = [tuple(_unpack(r[0])) for r in out.where(out.kind == STATE).select("data").collect()]
+        rows.append(out.where(out.edge >= 0).count())
+        outputs.append(out)
+    return {"stages": last + 1, "rows": rows, "seconds": time.time() - t0, "run_dir": run_dir, **totals}, state

@@ -1,0 +1,160 @@
+"""What a run directory holds, for `nosync inspect`: the pipeline and mode, epochs and safe
+points, checkpoints (abs), durable points and storage per tier (nosync), recoveries and what
+each cost. Everything is read from the files a run leaves; nothing is changed."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+from typing import Any
+
+from nosync.errors import NosyncError
+
+TIERS = ("log", "disk", "remote")
+"""The directories of an `lsm` store: the local log, the LevelDB disk tier, the remote tier."""
+
+
+def _du(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass  # a file removed meanwhile
+    return total
+
+
+def _json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _parquet(path: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist() if os.path.exists(path) else []
+
+
+def _stores(run_dir: str) -> list[dict]:
+    """Every `lsm` store under <run dir>/state: worker, name, bytes per tier."""
+    out = []
+    state = os.path.join(run_dir, "state")
+    if not os.path.isdir(state):
+        return out
+    for wdir in sorted(os.listdir(state)):
+        m = re.match(r"^w(\d+)$", wdir)
+        if not m:
+            continue
+        for name in sorted(os.listdir(os.path.join(state, wdir))):
+            path = os.path.join(state, wdir, name)
+            if os.path.isdir(path):
+                row = {"worker": int(m.group(1)), "store": name, "path": path}
+                row.update({f"{t}_bytes": _du(os.path.join(path, t)) for t in TIERS})
+                out.append(row)
+    return out
+
+
+def _durable(path: str) -> dict:
+    """The seqs a store holds and has made durable per tier; opening it takes its lock, so a
+    store of a live run is reported as in use."""
+    import lsm
+
+    try:
+        s = lsm.Store(path)
+    except lsm.StoreLockedError:
+        return {"in_use": True}
+    except lsm.LsmError as e:
+        return {"error": str(e)}
+    try:
+        return {"last_seq": s.last_seq, "disk": s.durable("disk"), "remote": s.durable("remote")}
+    finally:
+        s.close()
+
+
+def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
+    """Everything `nosync inspect` shows, as a dict."""
+    meta_path = os.path.join(run_dir, "run.json")
+    if not os.path.isfile(meta_path):
+        raise NosyncError(f"{run_dir} is not a run directory: it has no run.json")
+    run = _json(meta_path)
+    summary_path = os.path.join(run_dir, "summary.json")
+    summary = _json(summary_path) if os.path.isfile(summary_path) else None
+    events: list[dict] = []
+    ev_path = os.path.join(run_dir, "events.jsonl")
+    if os.path.isfile(ev_path):
+        with open(ev_path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue  # a line torn by a killed driver
+    counts = collections.Counter(e.get("event") for e in events)
+    info: dict[str, Any] = {
+        "run_dir": run_dir,
+        "pipeline": run.get("pipeline"),
+        "pipeline_file": run.get("pipeline_file"),
+        "params": run.get("params", {}),
+        "mode": run.get("mode"),
+        "workers": run.get("workers"),
+        "finished": summary is not None,
+        "events": dict(counts),
+    }
+    if summary is not None:
+        info["records_read"] = summary.get("records_read")
+        info["records_committed"] = summary.get("records_committed")
+        info["records_per_s"] = summary.get("records_per_s")
+        info["latency_p99_ms"] = summary.get("latency_p99_ms")
+    safe = _parquet(os.path.join(run_dir, "safe_points.parquet"))
+    safe_events = [e["epoch"] for e in events if e.get("event") == "safe_point"]
+    if safe or safe_events:
+        epochs = [r["safe_point"] for r in safe] or safe_events
+        info["safe_points"] = {"count": len(epochs), "last": max(epochs)}
+    checkpoints = _parquet(os.path.join(run_dir, "checkpoints.parquet"))
+    completed = [e for e in events if e.get("event") == "checkpoint_completed"]
+    if checkpoints or completed:
+        ids = [e["checkpoint"] for e in completed]
+        on_disk = (
+            sorted(n for n in os.listdir(os.path.join(run_dir, "checkpoints")) if n.startswith("chk-"))
+            if (os.path.isdir(os.path.join(run_dir, "checkpoints")))
+            else []
+        )
+        info["checkpoints"] = {
+            "completed": len(completed),
+            "last": max(ids) if ids else None,
+            "aborted": counts.get("checkpoint_aborted", 0),
+            "files": len(on_disk),
+            "bytes": sum(e.get("bytes", 0) for e in completed),
+            "duration_ms_mean": (sum(e.get("duration_ms", 0.0) for e in completed) / len(completed))
+            if completed
+            else None,
+        }
+    stores = _stores(run_dir)
+    if open_stores:
+        for s in stores:
+            s.update(_durable(s["path"]))
+    info["stores"] = stores
+    info["storage_bytes"] = {t: sum(s[f"{t}_bytes"] for s in stores) for t in TIERS}
+    recoveries = (summary or {}).get("recoveries") or []
+    info["recoveries"] = [
+        {
+            k: r.get(k)
+            for k in (
+                "worker",
+                "reason",
+                "detection_s",
+                "restore_s",
+                "back_to_90_s",
+                "records_reprocessed",
+                "steps_replayed",
+                "restored_step",
+                "checkpoint",
+            )
+            if r.get(k) is not None
+        }
+        for r in recoveries
+    ]
+    info["regroups"] = counts.get("regroup", 0)
+    return info
