@@ -172,7 +172,7 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
 
 
 def _close(ops: list, host: _Host) -> None:
-    stats = {"read": 0, "committed": 0}
+    stats: dict[str, int] = {"read": 0, "committed": 0}
     want = host.spec.get("state_of")
     for op in ops:
         if want is not None and op.name == want["operator"]:
@@ -189,6 +189,7 @@ def _close(ops: list, host: _Host) -> None:
             stats["committed"] += op.committed
         elif isinstance(op, SourceOp):
             stats["read"] += op.records_in
+    stats["rows"] = sum(1 for r in host.rows if r[1] >= 0)
     host.rows.append((host.index, -1, host.index, 0, STATS, 0, _pack(stats)))
 
 
@@ -208,6 +209,23 @@ def _rows_batch(rows: list[tuple]) -> Any:
         ],
         names=["dest", "edge", "src", "seq", "kind", "epoch", "data"],
     )
+
+
+def _slots(spark: Any, workers: int) -> Any:
+    """A column mapping `dest` to an int whose Spark hash partition is `dest` itself: hash
+    partitioning of the destinations themselves may put two in one task (and leave a task
+    idle), which would serialize a stage."""
+    from pyspark.sql import functions as F
+
+    found: dict[int, int] = {}
+    n = 0
+    while len(found) < workers:
+        cand = spark.range(n, n + 64 * workers).select(F.col("id").cast("int").alias("v"))
+        for v, p in cand.select("v", F.expr(f"pmod(hash(v), {workers})")).collect():
+            found.setdefault(p, v)
+        n += 64 * workers
+    pairs = [F.lit(x) for d in range(workers) for x in (d, found[d])]
+    return F.element_at(F.create_map(*pairs), F.col("dest"))
 
 
 def _load(spec: dict) -> PhysicalPlan:
@@ -371,10 +389,13 @@ def _run(
     t0 = time.time()
     outputs: list[Any] = []
     rows = []
+    stage_s = []
     totals = {"read": 0, "committed": 0}
     state: list = []
     ids = spark.range(0, workers, 1, workers)
+    slot = _slots(spark, workers)
     for s in range(last + 1):
+        ts = time.time()
         if s == 0:
             out = ids.mapInArrow(_sources_task(spec), SCHEMA)
         else:
@@ -383,14 +404,27 @@ def _run(
             df = parts[0]
             for more in parts[1:]:
                 df = df.unionAll(more)
-            df = df.repartition(workers, "dest").sortWithinPartitions("dest", "epoch", "src", "edge", "seq")
+            df = df.withColumn("slot", slot).repartition(workers, "slot").drop("slot")
+            df = df.sortWithinPartitions("dest", "epoch", "src", "edge", "seq")
             out = df.mapInArrow(_stage_task(spec, s), SCHEMA)
-        out = out.localCheckpoint(eager=True)
-        for r in out.where(out.kind == STATS).select("data").collect():
-            for k, v in _unpack(r[0]).items():
-                totals[k] += v
-        if want is not None and s == last:
-            state = [tuple(_unpack(r[0])) for r in out.where(out.kind == STATE).select("data").collect()]
-        rows.append(out.where(out.edge >= 0).count())
+        if s < last:
+            # materialized by the first action below, once: later stages read it, never rerun it
+            out = out.localCheckpoint(eager=False)
+        totals["rows"] = 0
+        for kind, data in out.where(out.edge < 0).select("kind", "data").collect():
+            if kind == STATS:
+                for k, v in _unpack(data).items():
+                    totals[k] += v
+            else:
+                state.append(tuple(_unpack(data)))
+        rows.append(totals.pop("rows"))
         outputs.append(out)
-    return {"stages": last + 1, "rows": rows, "seconds": time.time() - t0, "run_dir": run_dir, **totals}, state
+        stage_s.append(time.time() - ts)
+    return {
+        "stages": last + 1,
+        "rows": rows,
+        "stage_s": stage_s,
+        "seconds": time.time() - t0,
+        "run_dir": run_dir,
+        **totals,
+    }, state

@@ -28,6 +28,7 @@ def run(
     spark = get_spark(master, workers)
     work = tempfile.mkdtemp(prefix="nosync-bench-batch-")
     best = {"streaming": float("inf"), "batch": float("inf")}
+    stage_s: list = []
     try:
         for rep in range(reps):
             for kind in ("streaming", "batch"):
@@ -44,6 +45,8 @@ def run(
                     r = run_batch(WORKLOAD, params, workers=workers, spark=spark, run_dir=os.path.join(work, "b"))
                     committed = r["committed"]
                 dt = time.perf_counter() - t
+                if kind == "batch" and dt < best["batch"]:
+                    stage_s = r["stage_s"]
                 if committed != records:
                     raise AssertionError(f"{kind}: {committed} of {records} records committed")
                 best[kind] = min(best[kind], dt)
@@ -60,6 +63,7 @@ def run(
         "streaming_records_per_s": records / best["streaming"],
         "batch_s": best["batch"],
         "batch_records_per_s": records / best["batch"],
+        "batch_stage_s": stage_s,
         "batch_speedup": best["streaming"] / best["batch"],
     }
 
