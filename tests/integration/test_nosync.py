@@ -46,7 +46,9 @@ WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
 NOSYNC = [sys.executable, "-m", "cli.main"]
 
-CASES = [("wordcount", 3, 3), ("keyed_count", 2, 1), ("nexmark", 2, 1)]
+# the suite's share (keyed_count under kills is judged against its definition by the
+# hand-driven runs below); every workload, worker count and kill count is in the soak grid
+CASES = [("wordcount", 3, 3), ("nexmark", 2, 1)]
 
 
 @pytest.mark.parametrize(("workload", "workers", "kills"), CASES)
