@@ -35,7 +35,7 @@ from typing import Any
 
 from nosync.errors import NosyncError
 
-PROGRESS_EVENTS = ("checkpoint_completed", "safe_point")
+PROGRESS_EVENTS = ("checkpoint_completed", "safe_point", "committed")
 """Events after which a kill can find something to recover from."""
 
 

@@ -21,8 +21,11 @@ Epochs are cut by records per source partition (`epoch_records`); `epoch_ms` has
 over bounded input.
 
 The same jobs answer "what was the keyed state of operator X at the end of epoch E"
-(`keyed_state`): the sources stop after epoch E, sinks write nothing, the stages run up to
-X's, and X's instances hand back their state.
+(`keyed_state`): the sources stop once epoch E is closed (no end of input follows, so windows
+stay open as they stood), sinks write nothing, the stages run up to X's, and X's instances
+hand back their state. Mode replay recovers with them (`recompute_states`): every operator
+instance of every worker, as it stood at the end of the last epoch committed everywhere,
+written to files the restarted workers load.
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ from typing import Any
 
 import msgpack
 
-from nosync import sinks
+from nosync import sinks, statecodec
 from nosync.errors import NosyncError, PipelineError
 from nosync.modes import WorkerHooks
-from nosync.operators import SinkOp
+from nosync.operators import KeyedOp, SinkOp
 from nosync.pipeline import KEYED_KINDS
 from nosync.plan import PhysicalPlan, plan
 from nosync.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
@@ -148,7 +151,7 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
     through, edges leaving it go to captures, edges entering it get their channels."""
     keep = {i for i, st in stage.items() if st == s}
     run_id = host.spec["run_id"]
-    dry = host.spec.get("state_of") is not None
+    dry = host.spec.get("state_of") is not None or host.spec.get("dump_dir") is not None
 
     def sink_op(n: Any) -> SinkOp:
         sink = sinks.Null() if dry else n.params["sink"]
@@ -171,8 +174,27 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
     return ops, by_id
 
 
-def _close(ops: list, host: _Host) -> None:
+def _saved(v: Any) -> Any:
+    """A state value as the stores of abs and nosync save it (scalars as they are)."""
+    return v if type(v) in (int, float, str, bool, type(None)) else statecodec.pack(v)
+
+
+def _close(ops: list, host: _Host, s: int) -> None:
     stats: dict[str, int] = {"read": 0, "committed": 0}
+    dump = host.spec.get("dump_dir")
+    if dump is not None:
+        # every operator of the stage as it stands: what a worker restores (mode replay)
+        body = {
+            op.name: {
+                "meta": op.snapshot_meta(),
+                "keyed": [(k, _saved(v)) for k, v in op.state.items()] if isinstance(op, KeyedOp) else None,
+            }
+            for op in ops
+        }
+        path = os.path.join(dump, f"w{host.index}-s{s}.msgpack")
+        with open(path + ".tmp", "wb") as f:
+            f.write(_pack(body))
+        os.replace(path + ".tmp", path)
     want = host.spec.get("state_of")
     for op in ops:
         if want is not None and op.name == want["operator"]:
@@ -250,10 +272,11 @@ def _sources_task(spec: dict) -> Any:
                 while busy:
                     busy = False
                     for src in sources:
-                        if until is not None and src.epoch > until:
-                            src.end_input()
-                        busy = src.poll() or busy
-                _close(ops, host)
+                        # stopping after epoch `until` closed: no end of input is sent, so the
+                        # operators stand as they did at the end of that epoch (windows open)
+                        if until is None or src.epoch <= until:
+                            busy = src.poll() or busy
+                _close(ops, host, 0)
                 yield _rows_batch(host.rows)
 
     return run
@@ -271,7 +294,7 @@ def _stage_task(spec: dict, s: int) -> Any:
         by_id: dict = {}
 
         def done() -> Any:
-            _close(ops, host)
+            _close(ops, host, s)
             return _rows_batch(host.rows)
 
         for batch in batches:
@@ -330,6 +353,35 @@ def keyed_state(
     extra = {"state_of": {"operator": operator, "keys": keys}, "until_epoch": until_epoch}
     _, state = _run(pipeline_file, params, workers, spark, master, epoch_records, batch_size, run_dir, extra)
     return state
+
+
+def recompute_states(
+    pipeline_file: str,
+    params: dict | None,
+    workers: int,
+    epoch_records: int | None,
+    until_epoch: int,
+    dump_dir: str,
+    spark: Any,
+    batch_size: int = 1024,
+) -> dict:
+    """Recomputes every operator instance of the pipeline as it stood at the end of epoch
+    `until_epoch` and writes them, per worker and stage, under `dump_dir`
+    (`w<worker>-s<stage>.msgpack`: operator name -> its meta and keyed state)."""
+    os.makedirs(dump_dir, exist_ok=True)
+    extra = {"dump_dir": os.path.abspath(dump_dir), "until_epoch": until_epoch}
+    r, _ = _run(pipeline_file, params, workers, spark, None, epoch_records, batch_size, dump_dir, extra)
+    return r
+
+
+def load_states(dump_dir: str, worker: int) -> dict:
+    """What `recompute_states` wrote for `worker`: operator name -> {"meta", "keyed"}."""
+    out: dict = {}
+    for name in sorted(os.listdir(dump_dir)):
+        if name.startswith(f"w{worker}-s") and name.endswith(".msgpack"):
+            with open(os.path.join(dump_dir, name), "rb") as f:
+                out.update(msgpack.unpackb(f.read(), raw=False, use_list=False, strict_map_key=False))
+    return out
 
 
 def _run(

@@ -338,9 +338,14 @@ class Coordinator:
                 return
             self.peers_sent = self.gen
             extra = self.mode.on_generation(self, self.gen)
-            peers = [self.members[i] for i in range(self.workers)]
-            self.event("generation", workers=len(peers))
-            self.broadcast({"type": "peers", "gen": self.gen, "addresses": peers, **extra})
+            if extra is not None:
+                self.release_generation(extra)
+
+    def release_generation(self, extra: dict) -> None:
+        """Sends every worker the peers of the current generation, with what the mode adds."""
+        peers = [self.members[i] for i in range(self.workers)]
+        self.event("generation", workers=len(peers))
+        self.broadcast({"type": "peers", "gen": self.gen, "addresses": peers, **extra})
 
 
 __all__ = ["Coordinator", "RunFailed"]

@@ -63,6 +63,9 @@ class Op:
         self.held: list = []
         self.held_records = 0
         self.track_dirty = False
+        self.align_epochs = False
+        """Epoch by epoch (mode replay): a channel that finished epoch e is blocked until every
+        input has, so the instance processes no record of e + 1 before the last of e."""
         self.loader: Callable[[Any], Any] | None = None
         """Keyed operators restored lazily: key -> saved value (or MISSING_STATE)."""
 
@@ -103,6 +106,18 @@ class Op:
         self.blocked.clear()
         held, self.held = self.held, []
         self.held_records = 0
+        self._replay_held(held)
+
+    def release(self, channels: set) -> None:
+        """Unblocks `channels` and replays what was held for them, in arrival order; what is
+        held for the other channels stays held."""
+        self.blocked -= channels
+        go = [h for h in self.held if h[1] in channels]
+        self.held = [h for h in self.held if h[1] not in channels]
+        self.held_records = sum(len(h[2]) for h in self.held if h[0] == 0)
+        self._replay_held(go)
+
+    def _replay_held(self, held: list) -> None:
         for kind, channel, a, b in held:
             if kind == 0:
                 self.push(a, b, channel)
@@ -163,6 +178,13 @@ class Op:
             self.busy_s += time.perf_counter() - t
             for _, mark, _, chan in self.targets:
                 mark(chan, f, out_wm, f == EOS)
+        if self.align_epochs:
+            if self.blocked:
+                ready = {c for c in self.blocked if inputs[c] <= self.frontier}
+                if ready:
+                    self.release(ready)
+            if inputs[channel] > self.frontier and channel not in self.blocked:
+                self.block(channel)
 
     def watermark(self) -> Any:
         wms = list(self.input_wm.values())

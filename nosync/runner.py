@@ -74,6 +74,11 @@ def run(
         raise NosyncError(f"--checkpoint-tier is disk or remote, not {checkpoint_tier!r}")
     if resume and not run_dir:
         raise NosyncError("--resume names the run directory to continue")
+    if mode == "replay" and epoch_ms is not None:
+        raise NosyncError(
+            "mode replay recomputes lost state epoch by epoch from the sources: cut epochs by records "
+            "(--epoch-records), not by time (--epoch-ms)"
+        )
     pipeline_file = os.path.abspath(pipeline_file)
     pipeline = load_pipeline(pipeline_file, params)
     plan(pipeline, workers)
@@ -127,8 +132,14 @@ def run(
     )
 
     t0 = time.time()
-    spark = spark or get_spark(master, workers)
-    check_slots(spark, workers)
+    # mode replay runs batch jobs beside the W streaming tasks: W more slots
+    slots = 2 * workers if mode == "replay" else workers
+    spark = spark or get_spark(master, slots)
+    check_slots(
+        spark,
+        slots,
+        "" if slots == workers else f"mode replay: {workers} streaming tasks and {workers} for batch recomputation",
+    )
     startup_s = time.time() - t0
     secret = secrets.token_bytes(32)
     coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=max_restarts)
@@ -149,6 +160,7 @@ def run(
         "on_bad_record": on_bad_record,
         "slow_worker": list(slow_worker) if slow_worker else None,
     }
+    driver_mode.attach(spark, spec)
     job_error: list[BaseException] = []
     sc = spark.sparkContext
 

@@ -301,6 +301,9 @@ class _FilesPart(SinkPart):
         self.open: dict[int, list[_OpenFile]] = {}
         self.sealed: dict[int, list[_OpenFile]] = {}
         self._serial = 0
+        self.replace = False
+        """Whether a commit of an epoch first removes this worker's committed files of that
+        epoch (mode replay commits an epoch again after recomputing it)."""
 
     def _name(self, epoch: int, checkpoint: int | None = None, index: int = 0) -> str:
         c = "" if checkpoint is None else f"-c{checkpoint:010d}"
@@ -351,6 +354,10 @@ class _FilesPart(SinkPart):
     def commit(self, epoch: int) -> int:
         n = 0
         for e in sorted(e for e in {*self.open, *self.sealed} if e <= epoch):
+            if self.replace:
+                for name, c in self._mine(self.dir):
+                    if c is None and int(_PART_NAME.match(name).group(1)) == e:
+                        os.unlink(os.path.join(self.dir, name))
             n += self._publish(e, self.dir, None)[1]
         if n:
             fsync_dir(self.dir)

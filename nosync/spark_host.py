@@ -53,9 +53,10 @@ def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
     return spark
 
 
-def check_slots(spark: Any, workers: int, wait_s: float = 60.0) -> None:
-    """Every worker must run at once: refuse a master with fewer task slots than workers.
-    A cluster's executors register after the session starts, so wait for them a while."""
+def check_slots(spark: Any, workers: int, why: str = "", wait_s: float = 60.0) -> None:
+    """Every worker must run at once: refuse a master with fewer task slots than workers
+    (`why` says what the slots are for, when not only workers). A cluster's executors
+    register after the session starts, so wait for them a while."""
     import time
 
     sc = spark.sparkContext
@@ -65,7 +66,5 @@ def check_slots(spark: Any, workers: int, wait_s: float = 60.0) -> None:
         time.sleep(0.5)
         slots = sc.defaultParallelism
     if slots < workers:
-        raise NosyncError(
-            f"{workers} workers need {workers} concurrent task slots; the Spark master "
-            f"{spark.sparkContext.master} offers {slots}"
-        )
+        need = f"{why}: {workers}" if why else f"{workers} workers need {workers}"
+        raise NosyncError(f"{need} concurrent task slots; the Spark master {spark.sparkContext.master} offers {slots}")

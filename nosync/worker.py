@@ -106,6 +106,7 @@ def build_ops(
             op = make_op(n)
         op.hooks = hooks
         op.track_dirty = hooks.tracks_dirty and hasattr(op, "dirty")
+        op.align_epochs = hooks.aligns_epochs and n.kind != "loop_entry" and not n.params.get("loop_internal")
         ops.append(op)
         by_id[n.id] = op
     for n in p.pipeline.nodes:
@@ -339,12 +340,6 @@ class SourceOp(Op):
             self.epoch += 1
         return True
 
-    def end_input(self) -> None:
-        """Ends the source here, as if its input had ended (a batch job that stops at an epoch)."""
-        if not self.finished:
-            self.finished = True
-            self._close_epoch(EOS)
-
     def _close_epoch(self, epoch: int) -> None:
         self.frontier = epoch
         for _, mark, _, chan in self.targets:
@@ -475,6 +470,9 @@ class Worker:
         elif t == "peers":
             if int(msg["gen"]) > self.gen:
                 self._peers = msg
+        elif t == "hold":
+            # the coordinator holds the generation back (state being recomputed): keep waiting
+            self._peers_deadline = time.monotonic() + SETUP_TIMEOUT_S
         elif t == "mode":
             if msg.get("gen", self.gen) == self.gen and self.ops:
                 self.hooks.on_control(self, msg)
@@ -483,7 +481,7 @@ class Worker:
         """Waits for the peers of a generation newer than the current one (answering rejoins
         by registering for them), with heartbeats."""
         self._peers = None
-        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        self._peers_deadline = time.monotonic() + SETUP_TIMEOUT_S
         sel = selectors.DefaultSelector()
         sel.register(self.ctrl_conn.sock, selectors.EVENT_READ)
         try:
@@ -498,7 +496,7 @@ class Worker:
                     self._peers = None
                     return peers
                 self.keepalive()
-                if time.monotonic() > deadline:
+                if time.monotonic() > self._peers_deadline:
                     raise RunFailed(f"worker {self.index}: no peers from the coordinator in {SETUP_TIMEOUT_S:.0f}s")
                 if sel.select(0.05):
                     self._read_ctrl()

@@ -42,6 +42,8 @@ class WorkerHooks:
     tracks_dirty = False
     recovers = False
     """Whether a lost peer is survivable: the worker waits to rejoin instead of failing."""
+    aligns_epochs = False
+    """Whether operators process epochs one after the other (`Op.align_epochs`)."""
     accepts_peers = False
     """Whether a running worker accepts connections from a peer that came back (the peer
     recovers alone; the others never leave their generation)."""
@@ -122,9 +124,15 @@ class Mode:
     def on_worker_registered(self, coordinator: Any, worker: int, attempt: int) -> None:
         """A worker (re)registered; attempt > 0 is a Spark retry of a failed task."""
 
-    def on_generation(self, coordinator: Any, gen: int) -> dict:
-        """Every worker joined generation `gen`: what the peers message adds for them."""
+    def on_generation(self, coordinator: Any, gen: int) -> dict | None:
+        """Every worker joined generation `gen`: what the peers message adds for them. None
+        holds the generation back (the workers wait) until the mode calls
+        `coordinator.release_generation` (mode replay, while Spark recomputes state)."""
         return {}
+
+    def attach(self, spark: Any, spec: dict) -> None:
+        """The run's Spark session and its spec, before the job starts (a mode that runs
+        Spark jobs of its own)."""
 
     def on_rejoin(self, coordinator: Any, worker: int, attempt: int, address: list) -> None:
         """A new attempt of `worker` registered while the others run on in the current
@@ -188,8 +196,10 @@ def _mode_class(name: str) -> type[Mode]:
         from nosync.modes.nosync import NosyncMode
 
         return NosyncMode
-    if name in MODES:
-        raise NosyncError(f"mode '{name}' is not built yet; modes available now: none, abs, nosync")
+    if name == "replay":
+        from nosync.modes.replay import ReplayMode
+
+        return ReplayMode
     raise NosyncError(f"unknown mode '{name}'; modes: {', '.join(MODES)}")
 
 

@@ -595,3 +595,50 @@ def test_self_join_keeps_its_two_inputs_apart():
     w.sources[0].emit([0, 1, 0, 1, 0, 1], 0)
     expected = collections.Counter({(0, (0, 0)): 9, (1, (1, 1)): 9})
     assert collections.Counter(got) == expected
+
+
+# -- epoch by epoch (mode replay) -----------------------------------------------------------
+
+
+@SETTINGS
+@given(data=st.data(), epochs=st.integers(1, 5), channels=st.integers(2, 3))
+def test_aligned_operator_processes_epochs_one_after_the_other(data, epochs, channels):
+    """Each channel sends, per epoch, a few records (tagged with their channel, epoch and
+    index) then the epoch's marker; the channels interleave arbitrarily. An aligned aggregate
+    must process every record of epoch e before any of e + 1, keep each channel's order, and
+    tag what it emits for e with e; its markers follow."""
+    p = ns.Pipeline("p")
+    k = source(p).key_by(lambda r: r[0])
+    op = make_op(k.aggregate(list, lambda acc, v: [*acc, v]).node)
+    op.hooks = ns.modes.WorkerHooks()
+    op.align_epochs = True
+    chans = [f"c{i}" for i in range(channels)]
+    out = wire(op, chans)
+    # per channel: its items in order, ("rec", epoch, i) or ("mark", epoch)
+    items = {
+        c: [
+            x
+            for e in range(epochs)
+            for x in [
+                *[("rec", e, i) for i in range(data.draw(st.integers(0, 3), label=f"{c} e{e}"))],
+                ("mark", e),
+            ]
+        ]
+        for c in chans
+    }
+    pos = dict.fromkeys(chans, 0)
+    while any(pos[c] < len(items[c]) for c in chans):
+        c = data.draw(st.sampled_from([c for c in chans if pos[c] < len(items[c])]))
+        x = items[c][pos[c]]
+        pos[c] += 1
+        if x[0] == "rec":
+            op.push([("k", (c, x[1], x[2]))], x[1], c)
+        else:
+            op.marker(c, x[1], None, False)
+    seen = [rec[1][-1] for rec in out.records]  # the value each output appended last
+    assert sorted(seen, key=lambda v: v[1]) == seen, "a record of a later epoch went first"
+    for c in chans:
+        assert [v for v in seen if v[0] == c] == [(c, x[1], x[2]) for x in items[c] if x[0] == "rec"]
+    assert [(e, v[1]) for (_, e), v in zip(out.batches, seen, strict=True)] == [(v[1], v[1]) for v in seen]
+    assert [m[0] for m in out.markers] == list(range(epochs))
+    assert not op.blocked or all(op.inputs[c] > op.frontier for c in op.blocked)
