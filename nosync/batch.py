@@ -250,6 +250,19 @@ def _slots(spark: Any, workers: int) -> Any:
     return F.element_at(F.create_map(*pairs), F.col("dest"))
 
 
+def warm_up(spark: Any, workers: int) -> None:
+    """Runs one tiny job of each kind the stages use (Arrow in and out of Python, a shuffle to
+    the destinations' slots), so that a later job does not pay Spark's first-use costs."""
+    rows = spark.range(0, workers, 1, workers).mapInArrow(_echo, "id long")
+    rows.withColumn("dest", rows.id.cast("int")).withColumn("slot", _slots(spark, workers)).repartition(
+        workers, "slot"
+    ).mapInArrow(_echo, "id long, dest int, slot int").collect()
+
+
+def _echo(batches: Any) -> Any:
+    yield from batches
+
+
 def _load(spec: dict) -> PhysicalPlan:
     from nosync.loader import load_pipeline
 

@@ -36,7 +36,8 @@ def run(
     from nosync.spark_host import get_spark
 
     records = records or max(2_000_000, 4 * keys)
-    spark = get_spark(master, workers)
+    # mode replay recomputes with batch jobs beside the W streaming tasks: 2W slots
+    spark = get_spark(master, 2 * workers if "replay" in modes else workers)
     out: dict[str, Any] = {"workload": "keyed_count", "workers": workers, "keys": keys, "records": records, "modes": {}}
     work = tempfile.mkdtemp(prefix="nosync-bench-recovery-")
     try:
@@ -85,6 +86,8 @@ def run(
                 "records_reprocessed": r.get("records_reprocessed"),
                 "killed_at_read": killed.get("at_read"),
                 "checkpoint_restored": r.get("checkpoint"),
+                "epoch_restored": r.get("epoch"),
+                "batch_s": r.get("batch_s"),
                 "records_per_s": s["records_per_s"],
             }
             shutil.rmtree(d, ignore_errors=True)

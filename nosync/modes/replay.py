@@ -126,6 +126,17 @@ class ReplayMode(Mode):
     def attach(self, spark: Any, spec: dict) -> None:
         self.spark = spark
         self.spec = spec
+        # the first batch job of a session starts Python workers and compiles what Arrow
+        # needs; done now, on the spare slots, it is not paid at the first failure
+        threading.Thread(target=self._warm_up, name="nosync-replay-warm-up", daemon=True).start()
+
+    def _warm_up(self) -> None:
+        from nosync.batch import warm_up
+
+        try:
+            warm_up(self.spark, self.spec["workers"])
+        except Exception:  # noqa: BLE001 - only a warm-up: the recovery will try for real
+            log.warning("warming up batch jobs", exc_info=True)
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
         if msg.get("op") != "committed":
@@ -212,6 +223,9 @@ class ReplayMode(Mode):
             if r.get("epoch") == res["epoch"] and "batch_s" not in r:
                 r["batch_s"] = res["batch_s"]
                 r["records_recomputed"] = res["records_recomputed"]
+                # the batch jobs read everything up to the end of the epoch again, the workers
+                # everything after it: every record read before the loss is processed again
+                r["records_reprocessed"] = max(r["read_at_loss"], res["records_recomputed"])
         coord.event("restore", epoch=res["epoch"], batch_s=round(res["batch_s"], 3))
         coord.release_generation({"restore": {"epoch": res["epoch"], "dir": res["dir"]}})
 
