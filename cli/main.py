@@ -10,6 +10,7 @@ from cli.chaos import chaos_cmd
 from cli.demo import demo
 from cli.diff import diff_cmd
 from cli.inspect import inspect_cmd
+from cli.rewind import rewind_cmd
 from cli.run import run_cmd
 from cli.state import state_cmd
 
@@ -25,6 +26,7 @@ main.add_command(chaos_cmd)
 main.add_command(demo)
 main.add_command(diff_cmd)
 main.add_command(inspect_cmd)
+main.add_command(rewind_cmd)
 main.add_command(run_cmd)
 main.add_command(state_cmd)
 

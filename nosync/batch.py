@@ -40,7 +40,7 @@ import msgpack
 from nosync import sinks, statecodec
 from nosync.errors import NosyncError, PipelineError
 from nosync.modes import WorkerHooks
-from nosync.operators import KeyedOp, SinkOp
+from nosync.operators import EOS, KeyedOp, SinkOp
 from nosync.pipeline import KEYED_KINDS
 from nosync.plan import PhysicalPlan, plan
 from nosync.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
@@ -97,6 +97,7 @@ class _Host:
         self._dl_seen: set = set()
         self.rows: list[tuple] = []
         self.seq = 0
+        self.writers: list = []
 
     dead_letter = Worker.dead_letter
 
@@ -146,21 +147,74 @@ class _Capture:
         pass  # no barriers in a batch job
 
 
+class _Switch:
+    """An operator of a rewound cone: the original pipeline's instance up to the end of epoch
+    E - 1, then the new pipeline's, which takes over its state, frontiers and watermarks."""
+
+    def __init__(self, old: Any, new: Any, epoch: int) -> None:
+        self.old, self.new, self.epoch = old, new, epoch
+        self.cur = old
+
+    def _at(self, epoch: int) -> Any:
+        if self.cur is self.old and epoch >= self.epoch:
+            self.new.restore_meta(self.old.snapshot_meta())
+            if isinstance(self.old, KeyedOp):
+                self.new.state = self.old.state
+            self.cur = self.new
+        return self.cur
+
+    def push(self, records: list, epoch: int, channel: Any) -> None:
+        self._at(epoch).push(records, epoch, channel)
+
+    def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
+        self._at(EOS if eos else epoch).marker(channel, epoch, wm, eos)
+
+    def event(self, channel: Any, ev: dict) -> None:
+        self.cur.event(channel, ev)
+
+    def connect(self, *args: Any) -> None:
+        self.old.connect(*args)
+        self.new.connect(*args)
+
+
 def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> tuple[list, dict]:
     """The operators of stage `s` on `host`, wired: forward edges inside the stage call
-    through, edges leaving it go to captures, edges entering it get their channels."""
+    through, edges leaving it go to captures, edges entering it get their channels. For a
+    rewind, `p` is the new pipeline: in the cone its instances take over from the original's
+    at the rewind's epoch, and its sinks write everything; elsewhere the original pipeline
+    runs, and its sinks write nothing."""
     keep = {i for i, st in stage.items() if st == s}
     run_id = host.spec["run_id"]
+    rewind = host.spec.get("rewind")
     dry = host.spec.get("state_of") is not None or host.spec.get("dump_dir") is not None
+    cone = set(rewind["cone"]) if rewind else set()
 
-    def sink_op(n: Any) -> SinkOp:
-        sink = sinks.Null() if dry else n.params["sink"]
+    def sink_op(n: Any, writes: bool) -> SinkOp:
+        sink = n.params["sink"] if writes and not dry else sinks.Null()
         return SinkOp(n, sink.open_part(host.index, run_id), host.clock)
 
-    def source_op(n: Any) -> SourceOp:
-        return SourceOp(n, p.source_parts[n.id][host.index], host)
+    def source_op(q: PhysicalPlan) -> Any:
+        return lambda n: SourceOp(n, q.source_parts[n.id][host.index], host)
 
-    ops, by_id = build_ops(p, keep, source_op, sink_op, WorkerHooks())
+    hooks = WorkerHooks()
+    ops, by_id = build_ops(p, keep, source_op(p), lambda n: sink_op(n, not rewind or n.id in cone), hooks)
+    inputs_of: dict[int, list] = {i: [op] for i, op in by_id.items()}
+    if rewind:
+        old = _load({**host.spec, "pipeline_file": rewind["pipeline_file"], "params": rewind["params"]})
+        olds, by_old = build_ops(old, keep, source_op(old), lambda n: sink_op(n, False), hooks)
+        for i in keep:
+            if i in cone and isinstance(by_id[i], SinkOp):
+                continue  # the new output gets every epoch
+            if i in cone:
+                inputs_of[i] = [by_old[i], by_id[i]]
+                by_id[i] = _Switch(by_old[i], by_id[i], rewind["epoch"])
+            else:
+                inputs_of[i] = [by_old[i]]
+                by_id[i] = by_old[i]
+        ops = [
+            *(op for op in olds if not (op.node.id in cone and isinstance(op, SinkOp))),
+            *(op for op in ops if op.node.id in cone),
+        ]
     for e in graph_edges(p):
         src, dst = by_id.get(e.src), by_id.get(e.dst)
         if src is not None and dst is not None and not e.exchange:
@@ -169,8 +223,13 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
             cap = _Capture(host, e)
             src.connect(cap.push, cap.marker, None, cap.event)
         if dst is not None:
-            add_edge_input(dst, e, host.workers)
-    finish_loops(p, by_id)
+            for op in inputs_of[e.dst]:
+                add_edge_input(op, e, host.workers)
+    finish_loops(p, {i: v[0] for i, v in inputs_of.items()})
+    if rewind:
+        finish_loops(p, {i: v[-1] for i, v in inputs_of.items() if len(v) > 1})
+    # what counts as committed: the sinks that write (in a rewind, the new cone's)
+    host.writers = [op for op in ops if isinstance(op, SinkOp) and (not rewind or inputs_of[op.node.id][-1] is op)]
     return ops, by_id
 
 
@@ -208,7 +267,8 @@ def _close(ops: list, host: _Host, s: int) -> None:
                 host.rows.append((host.index, -1, host.index, 0, STATE, 0, data))
         if isinstance(op, SinkOp):
             op.part.close()
-            stats["committed"] += op.committed
+            if any(op is w for w in host.writers):
+                stats["committed"] += op.committed
         elif isinstance(op, SourceOp):
             stats["read"] += op.records_in
     stats["rows"] = sum(1 for r in host.rows if r[1] >= 0)

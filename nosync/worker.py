@@ -716,7 +716,35 @@ class Worker:
             return False
         return all(c.backlog == 0 for c in self.out.values())
 
+    def dump_state(self, *_: Any) -> None:
+        """Writes what this worker waits on to stderr, one JSON line (`kill -USR1 PID`): for
+        a run that hangs."""
+        import json
+        import sys
+
+        state = {
+            "worker": self.index,
+            "attempt": self.attempt,
+            "gen": self.gen,
+            "operators": {
+                op.name: {"frontier": op.frontier, "blocked": len(op.blocked), "held": op.held_records}
+                for op in self.ops
+            },
+            "out": {
+                j: {"credits": c.credits, "waiting": len(c._waiting), "backlog": c.backlog, "closed": c.closed}
+                for j, c in self.out.items()
+            },
+            "in": {j: {"closed": c.closed} for j, c in self.inc.items()},
+            "mode": self.hooks.debug_state(self),
+        }
+        sys.stderr.write(f"nosync-state {json.dumps(state, default=str)}\n")
+        sys.stderr.flush()
+
     def run(self) -> dict:
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self.dump_state)
         self._register()
         try:
             pipeline = load_pipeline(self.spec["pipeline_file"], self.spec.get("params"))
@@ -812,7 +840,9 @@ class Worker:
                             # the coordinator sees the peer's end and says what follows: a mode
                             # that recovers the peer alone goes on without it meanwhile
                             if hooks.accepts_peers:
-                                self.peer_down(j)
+                                # only this connection's attempt (and older) is gone: a newer
+                                # attempt of the peer may be connected already
+                                self.peer_down(j, getattr(conn, "attempt", -1))
                             continue
                         raise RunFailed(f"worker {self.index}: channel with worker {j} closed: {e}") from e
                 if busy:
@@ -849,7 +879,7 @@ class Worker:
                             raise
                         self._detach(c)
                         if self.hooks.accepts_peers:
-                            self.peer_down(j)
+                            self.peer_down(j, getattr(c, "attempt", -1))
 
     def _detach(self, conn: channels.Connection) -> None:
         if self.sel is not None:
@@ -867,8 +897,9 @@ class Worker:
             if c is not None and (attempt is None or getattr(c, "attempt", -1) <= attempt):
                 del conns[j]
                 self._detach(c)
-        self._pending_credits.pop(j, None)
-        self.hooks.on_peer_down(self, j)
+        if j not in self.inc:
+            self._pending_credits.pop(j, None)
+        self.hooks.on_peer_down(self, j, attempt)
 
     def attach(self, j: int, conn: channels.Connection, direction: str) -> None:
         """Adds a data connection with worker `j` ("in" or "out") to the running loop."""

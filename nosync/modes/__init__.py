@@ -74,8 +74,9 @@ class WorkerHooks:
         """Whether sources may be read now (a mode may hold them back: persistence backpressure)."""
         return True
 
-    def on_peer_down(self, worker: Any, peer: int) -> None:
-        """The connections with worker `peer` dropped (modes that recover)."""
+    def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
+        """The connections with attempt `attempt` (None: any) of worker `peer`, and with its
+        earlier attempts, dropped (modes that recover); a newer attempt's may remain."""
 
     def on_peer_connected(self, worker: Any, peer: int, conn: Any, direction: str) -> None:
         """A peer that came back opened a connection to this running worker."""
@@ -96,6 +97,10 @@ class WorkerHooks:
         return True
 
     def metrics(self, worker: Any) -> dict:
+        return {}
+
+    def debug_state(self, worker: Any) -> dict:
+        """What the mode holds and waits on, for `Worker.dump_state`."""
         return {}
 
     def close(self, worker: Any) -> None:

@@ -188,6 +188,8 @@ class NosyncHooks(WorkerHooks):
         self.up: dict[int, bool] = {}
         self.resumed: dict[int, bool] = {}
         self.resume_from: dict[int, int] = {}
+        self.lineage_attempt: dict[int, int | None] = {}
+        """Per peer, the attempt whose LINEAGE frame set `resumed` and `resume_from`."""
         self.pending: list[tuple[int, dict, int]] = []
         self.durable_step = -1
         self.unpersisted = 0
@@ -310,13 +312,18 @@ class NosyncHooks(WorkerHooks):
                     self.stash.add(int(origin), entries)
         self.resumed[j] = True
         self.resume_from[j] = int(f.header.get("resume", 1))
+        self.lineage_attempt[j] = getattr(worker.inc.get(j), "attempt", None)
         self._try_resume(worker, j)
 
     def _try_resume(self, worker: Any, j: int) -> None:
-        """Sends peer `j` its frames again from where it asked, once connected to it."""
+        """Sends peer `j` its frames again from where it asked, once connected to the attempt
+        that asked (its LINEAGE frame can arrive before the loss of an earlier attempt is
+        known here, while the sending connection still goes to that one)."""
         conn = worker.out.get(j)
         if conn is None or j not in self.resume_from:
             return
+        if getattr(conn, "attempt", None) != self.lineage_attempt.get(j):
+            return  # "peer_back" opens the connection to the attempt that asked, and resumes
         start = self.resume_from.pop(j)
         log_ = self.outlog.get(j, deque())
         if log_ and log_[0][0] > start:
@@ -333,12 +340,19 @@ class NosyncHooks(WorkerHooks):
                 conn.send(frame if frame is not None else self.store.get((OUT, j, seq)))
         self.up[j] = True
 
-    def on_peer_down(self, worker: Any, peer: int) -> None:
-        self.up[peer] = False
-        self.resumed[peer] = False
-        self.queue.pop(peer, None)
-        # frames of it received but not processed come again
-        self.received[peer] = self.consumed.get(peer, 0)
+    def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
+        if peer not in worker.out:
+            self.up[peer] = False
+        asked = self.lineage_attempt.get(peer)
+        if attempt is None or asked is None or asked <= attempt:
+            # what the lost attempt asked for goes with it (a newer attempt's request stays)
+            self.resumed[peer] = False
+            self.resume_from.pop(peer, None)
+            self.lineage_attempt.pop(peer, None)
+        if peer not in worker.inc:
+            # frames of it received but not processed come again
+            self.queue.pop(peer, None)
+            self.received[peer] = self.consumed.get(peer, 0)
 
     def on_peer_connected(self, worker: Any, peer: int, conn: Any, direction: str) -> None:
         pass  # the LINEAGE frame goes on the sending connection, opened on "peer_back"
@@ -681,6 +695,25 @@ class NosyncHooks(WorkerHooks):
             sel.close()
             self.replaying = False
         self.drain(worker)
+
+    def debug_state(self, worker: Any) -> dict:
+        return {
+            "step": self.step,
+            "snapshot_step": self.snapshot_step,
+            "durable_step": self.durable_step,
+            "pending": [k for k, _, _ in self.pending],
+            "safe": self.safe,
+            "replaying": self.replaying,
+            "up": self.up,
+            "resumed": self.resumed,
+            "resume_from": self.resume_from,
+            "received": self.received,
+            "consumed": self.consumed,
+            "produced": self.produced,
+            "queued": {j: len(q) for j, q in self.queue.items()},
+            "outlog": {j: [q[0][0], q[-1][0], len(q)] if q else [] for j, q in self.outlog.items()},
+            "sinks_uncommitted": [s.name for s in worker.sinks if s.uncommitted],
+        }
 
     def metrics(self, worker: Any) -> dict:
         stall = self.stall_s
