@@ -26,7 +26,14 @@ def load_pipeline(path: str, params: dict | None = None) -> Pipeline:
     if "build" in ns:
         if not callable(ns["build"]):
             raise PipelineError(f"{path}: `build` must be a function build(args) -> Pipeline")
-        p = ns["build"](params)
+        try:
+            p = ns["build"](params)
+        except PipelineError:
+            raise
+        except KeyError as e:
+            raise PipelineError(f"{path}: build(args) needs the parameter {e} (give it with -p {e.args[0]}=...)") from None
+        except Exception as e:
+            raise PipelineError(f"{path}: build(args) raised {type(e).__name__}: {e}") from e
     elif "pipeline" in ns:
         if params:
             raise PipelineError(

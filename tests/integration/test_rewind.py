@@ -94,12 +94,12 @@ def test_rewind_errors_name_what_is_wrong(spark, tmp_path, original):
     last = (RECORDS // 2 - 1) // PER_EPOCH
     with pytest.raises(NosyncError, match=f"epoch {last + 5} is outside the run: its last committed epoch is {last}"):
         rewind(str(run_dir), "aggregate_1", last + 5, output=str(tmp_path / "c"), spark=spark)
-    with pytest.raises(PipelineError, match="the new pipeline is 'tcp_count', the run's is 'keyed_count'"):
+    with pytest.raises(PipelineError, match="the new pipeline is 'random_tag', the run's is 'keyed_count'"):
         rewind(
             str(run_dir),
             "aggregate_1",
             E,
-            pipeline_file=os.path.join(PIPELINES, "tcp_count.py"),
+            pipeline_file=os.path.join(PIPELINES, "random_tag.py"),
             output=str(tmp_path / "d"),
             spark=spark,
         )
