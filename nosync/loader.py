@@ -31,7 +31,9 @@ def load_pipeline(path: str, params: dict | None = None) -> Pipeline:
         except PipelineError:
             raise
         except KeyError as e:
-            raise PipelineError(f"{path}: build(args) needs the parameter {e} (give it with -p {e.args[0]}=...)") from None
+            raise PipelineError(
+                f"{path}: build(args) needs the parameter {e} (give it with -p {e.args[0]}=...)"
+            ) from None
         except Exception as e:
             raise PipelineError(f"{path}: build(args) raised {type(e).__name__}: {e}") from e
     elif "pipeline" in ns:
