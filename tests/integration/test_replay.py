@@ -28,14 +28,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 
 
-def judge(tmp_path, workload: str, workers: int, kills: int, seed: int) -> None:
+def judge(tmp_path, workload: str, workers: int, kills: int, seed: int, params: dict | None = None) -> None:
     r = chaos(
         os.path.join(WORKLOADS, f"{workload}.py"),
         "replay",
         workers,
         kills,
         seed=seed,
-        params=workload_params(workload, tmp_path),
+        params=params or workload_params(workload, tmp_path),
         out=str(tmp_path / "chaos"),
     )
     assert r["deterministic"], r
@@ -56,7 +56,7 @@ def judge(tmp_path, workload: str, workers: int, kills: int, seed: int) -> None:
 
 
 def test_chaos_replay_is_exactly_once(tmp_path):
-    judge(tmp_path, "keyed_count", 2, 1, seed=3)
+    judge(tmp_path, "keyed_count", 2, 1, seed=3, params={"records": "1200000", "keys": "20000"})
 
 
 SOAK = [
