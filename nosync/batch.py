@@ -41,7 +41,7 @@ from nosync import sinks, statecodec
 from nosync.errors import NosyncError, PipelineError
 from nosync.modes import WorkerHooks
 from nosync.operators import EOS, KeyedOp, SinkOp
-from nosync.pipeline import KEYED_KINDS
+from nosync.pipeline import KEYED_KINDS, require_replayable
 from nosync.plan import PhysicalPlan, plan
 from nosync.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
 
@@ -475,14 +475,7 @@ def _run(
         raise NosyncError(f"--workers must be at least 1, got {workers}")
     pipeline = load_pipeline(pipeline_file, params)
     p = plan(pipeline, workers)
-    for n in pipeline.nodes:
-        if n.kind == "source" and not n.params["source"].replayable:
-            raise PipelineError(
-                f"{n.params['source'].describe()} cannot restart from a position, which a batch job needs "
-                "(Spark may run a task again)",
-                n.name,
-                n.where,
-            )
+    require_replayable(pipeline, "a batch job", "Spark may run a task again")
     stage = stages(p)
     last = max(stage.values())
     want = extra.get("state_of")

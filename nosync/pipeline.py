@@ -381,3 +381,15 @@ class KeyedStream(Stream):
             raise PipelineError("join() takes a keyed stream of the same pipeline (call key_by on it)", op, where)
         node = self.pipeline._add("join", (self.node.id, other.node.id), True, name, where)
         return KeyedStream(self.pipeline, node)
+
+
+def require_replayable(pipeline: Pipeline, who: str, why: str) -> None:
+    """Refuses a pipeline with a source that cannot restart from a position, which `who`
+    needs (`why` says why), naming the source and where it was declared."""
+    for n in pipeline.nodes:
+        if n.kind == "source" and not n.params["source"].replayable:
+            raise PipelineError(
+                f"{n.params['source'].describe()} cannot restart from a position, which {who} needs ({why})",
+                n.name,
+                n.where,
+            )

@@ -26,9 +26,10 @@ from typing import Any
 
 from nosync import metrics
 from nosync.coordinator import Coordinator
-from nosync.errors import NosyncError, PipelineError, RunFailed
+from nosync.errors import NosyncError, RunFailed
 from nosync.loader import load_pipeline
 from nosync.modes import get_mode
+from nosync.pipeline import require_replayable
 from nosync.plan import plan
 from nosync.spark_host import check_slots, get_spark
 from nosync.worker import worker_main
@@ -106,14 +107,7 @@ def run(
         },
     )
     if driver_mode.requires_replayable_sources:
-        for n in pipeline.nodes:
-            if n.kind == "source" and not n.params["source"].replayable:
-                raise PipelineError(
-                    f"{n.params['source'].describe()} cannot restart from a position, which mode {mode} needs "
-                    "(only mode nosync logs its input to make it replayable)",
-                    n.name,
-                    n.where,
-                )
+        require_replayable(pipeline, f"mode {mode}", "only mode nosync logs its input to make it replayable")
     os.makedirs(run_dir, exist_ok=True)
     _write_json(
         os.path.join(run_dir, "run.json"),
