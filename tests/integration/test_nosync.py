@@ -46,9 +46,10 @@ WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
 NOSYNC = [sys.executable, "-m", "cli.main"]
 
-# the suite's share (keyed_count under kills is judged against its definition by the
-# hand-driven runs below); every workload, worker count and kill count is in the soak grid
-CASES = [("wordcount", 3, 3), ("nexmark", 2, 1)]
+# the suite's share: one chaos case (keyed_count under kills is judged against its definition
+# by the hand-driven runs below, W = 3 by the second-loss run); every workload, worker count
+# and kill count is in the soak grid
+CASES = [("nexmark", 2, 1)]
 SUITE_PARAMS = {"nexmark": {"bids": "800000"}}
 """Smaller than the soak grid's, so three runs of it stay within the suite's time."""
 
