@@ -53,3 +53,15 @@ def replace_atomically(path: str, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes of the files under `path`; a file removed meanwhile counts nothing."""
+    total = 0
+    for root, _, names in os.walk(path):
+        for n in names:
+            try:
+                total += os.path.getsize(os.path.join(root, n))
+            except FileNotFoundError:
+                pass
+    return total

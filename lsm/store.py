@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from lsm import files
 from lsm.codec import TOMBSTONE, make_packer, unpack
 from lsm.disk import DiskTier
 from lsm.errors import (
@@ -540,20 +541,9 @@ class Store:
 
     def disk_bytes(self) -> dict:
         """Bytes on disk per part: the LevelDB tier, the local log, the remote tier."""
-
-        def du(p: str) -> int:
-            total = 0
-            for root, _, names in os.walk(p):
-                for n in names:
-                    try:
-                        total += os.path.getsize(os.path.join(root, n))
-                    except FileNotFoundError:
-                        pass
-            return total
-
         return {
-            "disk": du(os.path.join(self.path, "disk")),
-            "log": du(os.path.join(self.path, "log")),
+            "disk": files.tree_bytes(os.path.join(self.path, "disk")),
+            "log": files.tree_bytes(os.path.join(self.path, "log")),
             "remote": self.remote.total_bytes(),
         }
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import msgpack
 
-from nosync import sinks, statecodec
+from nosync import sinks
 from nosync.errors import NosyncError, PipelineError
 from nosync.modes import WorkerHooks
 from nosync.operators import EOS, KeyedOp, SinkOp
@@ -233,11 +233,6 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
     return ops, by_id
 
 
-def _saved(v: Any) -> Any:
-    """A state value as the stores of abs and nosync save it (scalars as they are)."""
-    return v if type(v) in (int, float, str, bool, type(None)) else statecodec.pack(v)
-
-
 def _close(ops: list, host: _Host, s: int) -> None:
     stats: dict[str, int] = {"read": 0, "committed": 0}
     dump = host.spec.get("dump_dir")
@@ -246,7 +241,7 @@ def _close(ops: list, host: _Host, s: int) -> None:
         body = {
             op.name: {
                 "meta": op.snapshot_meta(),
-                "keyed": [(k, _saved(v)) for k, v in op.state.items()] if isinstance(op, KeyedOp) else None,
+                "keyed": op.saved_state() if isinstance(op, KeyedOp) else None,
             }
             for op in ops
         }

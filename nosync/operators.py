@@ -270,7 +270,7 @@ class KeyedOp(Op):
         deleted key; forgets them. A scalar value (int, float, str, bool, None) is saved as it
         is, any other as `statecodec` bytes, which keep lists and tuples apart."""
         state = self.state
-        pack = statecodec.pack
+        save = self._save
         scalar = _SCALARS
         missing = _MISSING
         out = []
@@ -282,15 +282,24 @@ class KeyedOp(Op):
             elif v is missing:
                 append((k, TOMBSTONE))
             else:
-                try:
-                    append((k, pack(v)))
-                except TypeError as e:
-                    raise RunFailed(
-                        f"operator '{self.name}' (declared at {self.node.where}): the state of key {k!r:.60} "
-                        f"cannot be saved: {e}"
-                    ) from None
+                append((k, save(k, v)))
         self.dirty = set()
         return out
+
+    def saved_state(self) -> list:
+        """Every key's value, saved as `take_updates` saves it."""
+        save = self._save
+        scalar = _SCALARS
+        return [(k, v if type(v) in scalar else save(k, v)) for k, v in self.state.items()]
+
+    def _save(self, k: Any, v: Any) -> bytes:
+        try:
+            return statecodec.pack(v)
+        except TypeError as e:
+            raise RunFailed(
+                f"operator '{self.name}' (declared at {self.node.where}): the state of key {k!r:.60} "
+                f"cannot be saved: {e}"
+            ) from None
 
     def lazy(self, loader: Callable[[Any], Any], raw: bool = False) -> None:
         """Restores lazily: a key's saved value is loaded by `loader(key)` (MISSING_STATE when

@@ -10,21 +10,11 @@ import os
 import re
 from typing import Any
 
+from lsm.files import tree_bytes
 from nosync.errors import NosyncError
 
 TIERS = ("log", "disk", "remote")
 """The directories of an `lsm` store: the local log, the LevelDB disk tier, the remote tier."""
-
-
-def _du(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass  # a file removed meanwhile
-    return total
 
 
 def _json(path: str) -> Any:
@@ -52,7 +42,7 @@ def _stores(run_dir: str) -> list[dict]:
             path = os.path.join(state, wdir, name)
             if os.path.isdir(path):
                 row = {"worker": int(m.group(1)), "store": name, "path": path}
-                row.update({f"{t}_bytes": _du(os.path.join(path, t)) for t in TIERS})
+                row.update({f"{t}_bytes": tree_bytes(os.path.join(path, t)) for t in TIERS})
                 out.append(row)
     return out
 

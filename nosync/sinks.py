@@ -54,6 +54,10 @@ class SinkPart:
     def __init__(self) -> None:
         self.pending: dict[int, list] = {}
         self.held: dict[int, list] = {}
+        self.replace = False
+        """Whether a commit of an epoch first takes back what this worker committed of that
+        epoch before (mode replay commits an epoch again after recomputing it). A part that
+        keeps no per-epoch output, or cannot take it back, ignores it."""
 
     def write(self, epoch: int, records: list) -> None:
         self.pending.setdefault(epoch, []).extend(records)
@@ -301,9 +305,6 @@ class _FilesPart(SinkPart):
         self.open: dict[int, list[_OpenFile]] = {}
         self.sealed: dict[int, list[_OpenFile]] = {}
         self._serial = 0
-        self.replace = False
-        """Whether a commit of an epoch first removes this worker's committed files of that
-        epoch (mode replay commits an epoch again after recomputing it)."""
 
     def _name(self, epoch: int, checkpoint: int | None = None, index: int = 0) -> str:
         c = "" if checkpoint is None else f"-c{checkpoint:010d}"

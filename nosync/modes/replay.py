@@ -59,11 +59,8 @@ class ReplayHooks(WorkerHooks):
         self.restore_s = 0.0
 
     def on_start(self, worker: Any, peers: dict) -> None:
-        from nosync.sinks import _FilesPart
-
         for s in worker.sinks:
-            if isinstance(s.part, _FilesPart):
-                s.part.replace = True
+            s.part.replace = True
         restore = peers.get("restore")
         if restore is None:
             return

@@ -62,6 +62,27 @@ def workload_params(name: str, tmp_path) -> dict:
     return {"bids": "1500000"}
 
 
+def judge_chaos(tmp_path, workload: str, mode: str, workers: int, kills: int, seed: int, params: dict) -> list[dict]:
+    """Runs `nosync chaos` and asserts exactly-once with every kill recovered; returns the
+    killed run's events."""
+    r = chaos(
+        os.path.join(WORKLOADS, f"{workload}.py"),
+        mode,
+        workers,
+        kills,
+        seed=seed,
+        params=params,
+        out=str(tmp_path / "chaos"),
+    )
+    assert r["deterministic"], r
+    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
+    assert r["recoveries"] == kills, r
+    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
+    assert r["exactly_once"] is True
+    with open(tmp_path / "chaos" / "chaos" / "events.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
 # the suite's share; every workload, worker count and kill count is in the soak grid
 CASES = [("wordcount", 2, 1)]
 
@@ -70,20 +91,7 @@ CASES = [("wordcount", 2, 1)]
 def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
     # a smaller text than the soak grid's: three runs of it stay within the suite's time
     big_text(tmp_path / "a.txt", 80_000)
-    r = chaos(
-        os.path.join(WORKLOADS, f"{workload}.py"),
-        "abs",
-        workers,
-        kills,
-        seed=11 * workers + kills,
-        params={"input": str(tmp_path / "a.txt")},
-        out=str(tmp_path / "chaos"),
-    )
-    assert r["deterministic"], r
-    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
-    assert r["recoveries"] == kills, r
-    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
-    assert r["exactly_once"] is True
+    judge_chaos(tmp_path, workload, "abs", workers, kills, 11 * workers + kills, {"input": str(tmp_path / "a.txt")})
     # what `nosync inspect` finds in the run that was killed
     from nosync.runinfo import inspect_run
 
@@ -108,16 +116,7 @@ SOAK = [
 @pytest.mark.soak
 @pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
 def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
-    r = chaos(
-        os.path.join(WORKLOADS, f"{workload}.py"),
-        "abs",
-        workers,
-        kills,
-        seed=seed,
-        params=workload_params(workload, tmp_path),
-        out=str(tmp_path / "chaos"),
-    )
-    assert r["kills"] == kills and r["exactly_once"] is True, r
+    judge_chaos(tmp_path, workload, "abs", workers, kills, seed, workload_params(workload, tmp_path))
 
 
 # -- runs driven by hand -----------------------------------------------------------------

@@ -37,9 +37,9 @@ import threading
 import time
 
 import pytest
-from test_abs import committed_pairs, finish, keyed_count_expected, wait_event, workload_params
+from test_abs import committed_pairs, finish, judge_chaos, keyed_count_expected, wait_event, workload_params
 
-from experiments.chaos import Events, chaos
+from experiments.chaos import Events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
@@ -56,21 +56,8 @@ SUITE_PARAMS = {"nexmark": {"bids": "800000"}}
 
 @pytest.mark.parametrize(("workload", "workers", "kills"), CASES)
 def test_chaos_nosync_is_exactly_once(tmp_path, workload, workers, kills):
-    r = chaos(
-        os.path.join(WORKLOADS, f"{workload}.py"),
-        "nosync",
-        workers,
-        kills,
-        seed=13 * workers + kills,
-        params=SUITE_PARAMS.get(workload) or workload_params(workload, tmp_path),
-        out=str(tmp_path / "chaos"),
-    )
-    assert r["deterministic"], r
-    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
-    assert r["recoveries"] == kills, r
-    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
-    assert r["exactly_once"] is True
-    events = [json.loads(line) for line in open(tmp_path / "chaos" / "chaos" / "events.jsonl")]
+    params = SUITE_PARAMS.get(workload) or workload_params(workload, tmp_path)
+    events = judge_chaos(tmp_path, workload, "nosync", workers, kills, 13 * workers + kills, params)
     assert not [e for e in events if e["event"] == "regroup"], "a single lost worker made every worker restore"
     assert len([e for e in events if e["event"] == "recovered"]) == kills
 
@@ -87,16 +74,7 @@ SOAK = [
 @pytest.mark.soak
 @pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
 def test_chaos_nosync_soak(tmp_path, workload, workers, kills, seed):
-    r = chaos(
-        os.path.join(WORKLOADS, f"{workload}.py"),
-        "nosync",
-        workers,
-        kills,
-        seed=seed,
-        params=workload_params(workload, tmp_path),
-        out=str(tmp_path / "chaos"),
-    )
-    assert r["kills"] == kills and r["exactly_once"] is True, r
+    judge_chaos(tmp_path, workload, "nosync", workers, kills, seed, workload_params(workload, tmp_path))
 
 
 # -- runs driven by hand -----------------------------------------------------------------

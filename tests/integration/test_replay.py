@@ -12,16 +12,14 @@ recomputed by Spark batch jobs.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-from test_abs import workload_params
+from test_abs import judge_chaos, workload_params
 
 import nosync as ns
-from experiments.chaos import chaos
 from nosync.errors import NosyncError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,21 +27,9 @@ WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 
 
 def judge(tmp_path, workload: str, workers: int, kills: int, seed: int, params: dict | None = None) -> None:
-    r = chaos(
-        os.path.join(WORKLOADS, f"{workload}.py"),
-        "replay",
-        workers,
-        kills,
-        seed=seed,
-        params=params or workload_params(workload, tmp_path),
-        out=str(tmp_path / "chaos"),
+    events = judge_chaos(
+        tmp_path, workload, "replay", workers, kills, seed, params or workload_params(workload, tmp_path)
     )
-    assert r["deterministic"], r
-    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
-    assert r["recoveries"] == kills, r
-    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
-    assert r["exactly_once"] is True
-    events = [json.loads(line) for line in open(tmp_path / "chaos" / "chaos" / "events.jsonl")]
     kinds = [e["event"] for e in events]
     assert kinds.count("regroup") == kills
     # each loss: recomputed by batch jobs at an epoch every worker had committed, then restored
