@@ -10,9 +10,7 @@ STAMP := $(VENV)/.installed
 DEMO := runs/demo
 
 demo: $(STAMP) java
-	rm -rf $(DEMO)
-	$(PY) -m cli.main run experiments/workloads/wordcount.py --workers 2 --run-dir $(DEMO) -p output=$(DEMO)/output
-	$(PY) -m experiments.top_words $(DEMO)/output
+	$(PY) -m cli.main demo --out $(DEMO)
 
 test: $(STAMP) java
 	@$(PY) -m pytest -q tests; rc=$$?; \

@@ -7,8 +7,9 @@ import click
 from cli.batch import batch_cmd
 from cli.bench import bench
 from cli.chaos import chaos_cmd
-from cli.demo import demo
+from cli.demo import demo_cmd, lsm_demo
 from cli.diff import diff_cmd
+from cli.experiment import experiment_cmd
 from cli.inspect import inspect_cmd
 from cli.rewind import rewind_cmd
 from cli.run import run_cmd
@@ -23,8 +24,10 @@ def main() -> None:
 main.add_command(batch_cmd)
 main.add_command(bench)
 main.add_command(chaos_cmd)
-main.add_command(demo)
+main.add_command(demo_cmd)
+main.add_command(lsm_demo)
 main.add_command(diff_cmd)
+main.add_command(experiment_cmd)
 main.add_command(inspect_cmd)
 main.add_command(rewind_cmd)
 main.add_command(run_cmd)

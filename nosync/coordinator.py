@@ -63,6 +63,8 @@ class Coordinator:
         self.done: dict[int, dict] = {}
         self.gen = 0
         self.members: dict[int, list] = {}
+        self.read_at_rejoin: dict[int, int] = {}
+        """Records each surviving worker had read when it rejoined the current generation."""
         self.ready: set[int] = set()
         self.peers_sent = -1
         self.regroups = 0
@@ -140,6 +142,7 @@ class Coordinator:
             self.fail(f"{reason}; the run already recovered {self.max_restarts} times (--max-restarts)")
             return
         self.gen += 1
+        self.read_at_rejoin = {}
         self.members = {}
         self.ready = set()
         self.done = {}
@@ -316,6 +319,8 @@ class Coordinator:
         self.attempts[w] = attempt
         self.pids[w] = int(msg.get("pid", 0))
         self.last_beat[w] = time.monotonic()
+        if not new_attempt and msg.get("read") is not None:
+            self.read_at_rejoin[w] = int(msg["read"])
         if new_attempt:
             self.event("registered", worker=w, attempt=attempt, pid=self.pids[w])
             self.mode.on_worker_registered(self, w, attempt)

@@ -13,14 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 from typing import Any
-
-from experiments.chaos import PROGRESS_EVENTS, Events
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOAD = os.path.join(os.path.dirname(HERE), "workloads", "keyed_count.py")
 
 
 def run(
@@ -32,7 +26,7 @@ def run(
     checkpoint_ms: int = 1000,
     progress: Any = lambda m: None,
 ) -> dict:
-    from nosync.runner import run as run_pipeline
+    from experiments.measure import recovery
     from nosync.spark_host import get_spark
 
     records = records or max(2_000_000, 4 * keys)
@@ -42,55 +36,12 @@ def run(
     work = tempfile.mkdtemp(prefix="nosync-bench-recovery-")
     try:
         for mode in modes:
-            d = os.path.join(work, mode)
-            killed: dict = {}
-            victim = workers - 1
-            events = Events(os.path.join(d, "events.jsonl"))
-
-            def watch(
-                p: dict, events: Events = events, killed: dict = killed, victim: int = victim, mode: str = mode
-            ) -> None:
-                if killed or p["read"] < records // 2:
-                    return
-                events.poll()
-                if not any(e["event"] in PROGRESS_EVENTS for e in events.seen):
-                    return
-                pid = events.pid_of(victim)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    killed["at_read"] = p["read"]
-                    progress(f"mode {mode}: killed worker {victim} at {p['read']:,} records read")
-
             progress(f"mode {mode}: keyed_count, {keys:,} keys, {records:,} records")
-            result = run_pipeline(
-                WORKLOAD,
-                mode=mode,
-                workers=workers,
-                spark=spark,
-                run_dir=d,
-                checkpoint_ms=checkpoint_ms,
-                params={"records": str(records), "keys": str(keys), "output": d + "/out"},
-                progress=watch,
+            # checkpoint_ms is abs's interval; nosync persists at its own default
+            interval = checkpoint_ms if mode == "abs" else None
+            out["modes"][mode] = recovery(
+                spark, os.path.join(work, mode), mode, workers, keys, records, interval, progress=progress
             )
-            s = result.summary
-            if s["records_committed"] != records:
-                raise AssertionError(f"mode {mode}: {s['records_committed']} of {records} records committed")
-            recs = s.get("recoveries") or []
-            if not recs:
-                raise AssertionError(f"mode {mode}: the run ended before the kill")
-            r = recs[0]
-            out["modes"][mode] = {
-                "recovery_s": r.get("back_to_90_s"),
-                "restore_s": r.get("restore_s"),
-                "detection_s": r.get("detection_s"),
-                "records_reprocessed": r.get("records_reprocessed"),
-                "killed_at_read": killed.get("at_read"),
-                "checkpoint_restored": r.get("checkpoint"),
-                "epoch_restored": r.get("epoch"),
-                "batch_s": r.get("batch_s"),
-                "records_per_s": s["records_per_s"],
-            }
-            shutil.rmtree(d, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out

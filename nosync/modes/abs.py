@@ -272,7 +272,8 @@ class AbsMode(Mode):
         self.completed_rows: list[dict] = []
         self.instance_rows: list[dict] = []
         self.aborted = 0
-        self.read_at: dict[int, int] = {}
+        self.read_at: dict[int, dict[int, int]] = {}
+        """Per checkpoint: records each worker had read at its barrier."""
         self.recoveries: list[dict] = []
         self.fallbacks: list[str] = []
         self._idle_at: float | None = None
@@ -346,7 +347,7 @@ class AbsMode(Mode):
                 self.instance_rows.append({"checkpoint": n, "worker": w, **row})
                 size += row.get("bytes", 0)
                 stall = max(stall, row.get("align_ms", 0.0))
-        self.read_at[n] = sum(a.get("read", 0) for a in p["acks"].values())
+        self.read_at[n] = {w: a.get("read", 0) for w, a in p["acks"].items()}
         self.completed_rows.append(
             {"checkpoint": n, "triggered_at": p["wall"], "duration_ms": duration, "bytes": size, "align_ms_max": stall}
         )
@@ -358,7 +359,7 @@ class AbsMode(Mode):
 
     def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
         now = time.time()
-        read_now = sum(c.get("read", 0) for c in coord.counters.values())
+        read_now = {w: c.get("read", 0) for w, c in coord.counters.items()}
         self.recoveries.append(
             {
                 "worker": worker,
@@ -390,7 +391,12 @@ class AbsMode(Mode):
         if self.recoveries and "checkpoint" not in self.recoveries[-1]:
             r = self.recoveries[-1]
             r["checkpoint"] = c
-            r["records_reprocessed"] = max(0, r["read_at_loss"] - self.read_at.get(c, 0))
+            # per worker, read at the loss less read at the checkpoint: a survivor's read is
+            # exact (sent when it rejoined), the lost worker's from its last heartbeat (a
+            # lower bound, by up to one heartbeat interval)
+            at_c = self.read_at.get(c, {})
+            now = {**r["read_at_loss"], **coord.read_at_rejoin}
+            r["records_reprocessed"] = sum(max(0, now.get(w, 0) - at_c.get(w, 0)) for w in range(coord.workers))
         coord.event("restore", checkpoint=c)
         return {"restore": {"checkpoint": c, "path": checkpoints.path_of(self.run_dir, c) if c >= 0 else None}}
 

@@ -1,0 +1,215 @@
+"""Measured runs of `keyed_count` for the benchmarks and experiments.
+
+A run goes through `nosync.runner.run`, the code of `nosync run`, on a Spark session the caller
+owns (so that a grid of runs pays Spark's start-up once). Every run must commit all its records,
+or it raises: a figure from a run that lost records would mean nothing.
+
+- `steady`: a failure-free run; its summary's figures.
+- `recovery`: a run whose last worker gets SIGKILL once half the records are read and the mode
+  has something to recover from; optionally at a chosen phase of the checkpoint (or
+  persistence) interval. Its figures come from the run's own recovery rows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from typing import Any
+
+from experiments.chaos import PROGRESS_EVENTS, Events
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KEYED_COUNT = os.path.join(HERE, "workloads", "keyed_count.py")
+
+STEADY_FIELDS = (
+    "records_per_s",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "stall_ms_max",
+    "checkpoint_ms_p50",
+    "checkpoint_ms_p99",
+    "checkpoint_bytes",
+    "checkpoints_completed",
+    "snapshots",
+    "processing_s",
+    "peak_rss_mb",
+)
+
+
+def _params(d: str, records: int, keys: int, skew: float, seed: int) -> dict:
+    out = os.path.join(d, "out")
+    return {"records": str(records), "keys": str(keys), "skew": str(skew), "seed": str(seed), "output": out}
+
+
+def _interval_options(mode: str, interval_ms: int | None, tier: str) -> dict:
+    """The interval of abs checkpoints or of nosync persistence, and the tier both write to."""
+    opts: dict[str, Any] = {"checkpoint_tier": tier}
+    if interval_ms is not None:
+        opts["persist_ms" if mode == "nosync" else "checkpoint_ms"] = interval_ms
+    return opts
+
+
+def _check(mode: str, s: dict, records: int) -> None:
+    if s["records_committed"] != records:
+        raise AssertionError(f"mode {mode}: {s['records_committed']} of {records} records committed")
+
+
+def steady(
+    spark: Any,
+    d: str,
+    mode: str,
+    workers: int,
+    records: int,
+    keys: int,
+    skew: float = 0.0,
+    interval_ms: int | None = None,
+    tier: str = "disk",
+    slow_ms: int = 0,
+    seed: int = 1,
+    keep: bool = False,
+) -> dict:
+    """A failure-free run in run directory `d`; removed after unless `keep`."""
+    from nosync.runner import run as run_pipeline
+
+    try:
+        result = run_pipeline(
+            KEYED_COUNT,
+            mode=mode,
+            workers=workers,
+            spark=spark,
+            run_dir=d,
+            slow_worker=(0, slow_ms) if slow_ms else None,
+            params=_params(d, records, keys, skew, seed),
+            **_interval_options(mode, interval_ms, tier),
+        )
+        s = result.summary
+        _check(mode, s, records)
+        row = {f: s.get(f) for f in STEADY_FIELDS}
+        if mode in ("none", "replay"):
+            row["stall_ms_max"] = 0.0  # nothing of theirs ever holds an operator back
+            row["checkpoint_bytes"] = 0
+        row["stall_ms_by_operator"] = stall_by_operator(d, mode, s)
+        return row
+    finally:
+        if not keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def stall_by_operator(d: str, mode: str, summary: dict) -> dict:
+    """The longest stall of each operator: in abs, its longest barrier alignment (from
+    checkpoint_instances.parquet); in nosync, its worker's persistence backpressure, which
+    holds every operator of that worker at once (the operators of a worker step together)."""
+    ops = sorted(summary.get("operators", {}))
+    if mode == "abs":
+        path = os.path.join(d, "checkpoint_instances.parquet")
+        if not os.path.exists(path):
+            return {op: 0.0 for op in ops}
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path, columns=["operator", "align_ms"]).to_pylist()
+        out = {op: 0.0 for op in ops}
+        for r in rows:
+            out[r["operator"]] = max(out.get(r["operator"], 0.0), float(r["align_ms"] or 0.0))
+        return out
+    if mode == "nosync":
+        return {op: float(summary.get("stall_ms_max") or 0.0) for op in ops}
+    return {op: 0.0 for op in ops}
+
+
+def recovery(
+    spark: Any,
+    d: str,
+    mode: str,
+    workers: int,
+    keys: int,
+    records: int,
+    interval_ms: int | None = None,
+    tier: str = "disk",
+    phase: float | None = None,
+    seed: int = 1,
+    kill_after: float = 0.5,
+    keep: bool = False,
+    progress: Any = lambda m: None,
+) -> dict:
+    """A run in which worker W-1 is killed once `kill_after` of the records are read (half, by
+    default), after the mode's first progress event (a completed checkpoint, a safe point, a
+    committed epoch). With
+    `phase` in [0, 1), the kill waits for the next progress event after that point and comes
+    `phase` x the interval after it: the kill moved across the checkpoint interval."""
+    from nosync.runner import run as run_pipeline
+
+    victim = workers - 1
+    events = Events(os.path.join(d, "events.jsonl"))
+    killed: dict = {}
+    state: dict = {"read": 0}
+    gap_s = (interval_ms or 1000) / 1000.0
+
+    def kill() -> None:
+        pid = events.pid_of(victim)
+        if pid is None or killed:
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return  # the run had ended: it reports no recovery
+        now = time.time()
+        killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))
+        progress(f"mode {mode}: killed worker {victim} at {state['read']:,} records read")
+
+    def watch(p: dict) -> None:
+        state.update(read=p["read"], t=p.get("t", 0.0), wall=time.time())
+        if killed or "armed" in state or p["read"] < records * kill_after:
+            return
+        events.poll()
+        if not any(e["event"] in PROGRESS_EVENTS for e in events.seen):
+            return
+        if phase is None:
+            kill()
+            return
+        # the first progress event from now on starts the interval the kill falls in
+        since = state.setdefault("since", len(events.seen))
+        ev = [e for e in events.seen[since:] if e["event"] in PROGRESS_EVENTS]
+        if ev:
+            state["armed"] = ev[0]["t"]
+            delay = max(0.0, ev[0]["t"] + phase * gap_s - time.time())
+            threading.Timer(delay, kill).start()
+
+    try:
+        result = run_pipeline(
+            KEYED_COUNT,
+            mode=mode,
+            workers=workers,
+            spark=spark,
+            run_dir=d,
+            params=_params(d, records, keys, 0.0, seed),
+            progress=watch,
+            **_interval_options(mode, interval_ms, tier),
+        )
+        s = result.summary
+        _check(mode, s, records)
+        recs = s.get("recoveries") or []
+        if not recs:
+            raise AssertionError(f"mode {mode}: the run ended before the kill")
+        r = recs[0]
+        return {
+            "recovery_s": r.get("back_to_90_s"),
+            "restore_s": r.get("restore_s"),
+            "detection_s": r.get("detection_s"),
+            "records_reprocessed": r.get("records_reprocessed"),
+            "killed_at_read": killed.get("at_read"),
+            "killed_at_s": killed.get("at_s"),
+            # how long after the progress event the kill came (the phase, as it happened)
+            "killed_after_s": killed["at"] - state["armed"] if phase is not None else None,
+            "checkpoint_restored": r.get("checkpoint"),
+            "epoch_restored": r.get("epoch"),
+            "batch_s": r.get("batch_s"),
+            "records_per_s": s["records_per_s"],
+            "latency_p99_ms": s.get("latency_p99_ms"),
+            "stall_ms_max": 0.0 if mode == "replay" else s.get("stall_ms_max"),
+        }
+    finally:
+        if not keep:
+            shutil.rmtree(d, ignore_errors=True)
