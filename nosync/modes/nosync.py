@@ -893,6 +893,9 @@ class NosyncMode(Mode):
         return {"restore": True}
 
     def on_ready(self, coord: Any, worker: int, gen: int) -> None:
+        # a worker that restored learns the safe point at the next tick, even when it will not
+        # change again (a loss after the last safe point of the run: nothing else would send it)
+        self.changed = True
         row = self.recovering.pop(worker, None)
         if row is not None:
             row["restored_at"] = time.time()

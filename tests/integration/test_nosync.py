@@ -140,6 +140,25 @@ def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
     assert summary["output_log_spilled_frames"] > 0
 
 
+def test_a_loss_after_the_last_safe_point_still_ends_the_run(tmp_path):
+    """Worker 1 dies after the run's last safe point (every input ended, every snapshot
+    durable) and before its sink committed. The safe point will not change again; the retry,
+    restored at the end of its input, must still learn it, commit, and let the run finish."""
+    records, keys = 300_000, 5000
+    run_dir, out, gate = tmp_path / "run", tmp_path / "out", tmp_path / "gate"
+    proc = start(os.path.join(PIPELINES, "gated_count.py"), run_dir, records=records, keys=keys, output=out, gate=gate)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 1 << 62)  # the end of every input
+        os.kill(events.pid_of(1), signal.SIGKILL)
+        wait_event(events, proc, lambda e: e["event"] == "recovering", 60, "the loss of worker 1")
+        gate.write_text("open")
+    finally:
+        _, err = finish(proc, timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+
+
 def test_arrival_order_is_replayed_from_the_lineage_the_peers_hold(tmp_path):
     records, keys = 1_000_000, 2000
     run_dir, out = tmp_path / "run", tmp_path / "out"
