@@ -502,7 +502,7 @@ def _snapshot_points(quick: bool) -> list[dict]:
         # several intervals long, so that snapshots taken mid-run outnumber the last one
         records = max(1_000_000 if quick else 3_000_000, 2 * keys)
         pts += [
-            {"mode": m, "tier": t, "workers": 2, "records": records, "keys": keys, "interval_ms": 1000}
+            {"mode": m, "tier": t, "workers": 2, "records": records, "keys": keys, "interval_ms": 250}
             for m in FT
             for t in ("disk", "remote")
         ]
@@ -667,7 +667,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "something to recover from. abs checkpoints every second; nosync persists at its default "
             "(to the local disk, or to the remote tier only); replay recomputes with batch jobs.",
             _recovery_state_points,
-            (2, 1),
+            (2, 2),
             _recovery_measure,
             _recovery_slots,
             lambda rows, path: _recovery_figure(
@@ -682,7 +682,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "keyed_count; abs checkpoints and nosync persists every 1000 ms; the kill comes a chosen "
             "fraction of that interval after a completed checkpoint (abs) or safe point (nosync).",
             _failure_points,
-            (3, 1),
+            (3, 2),
             _recovery_measure,
             _recovery_slots,
             lambda rows, path: _recovery_figure(
@@ -711,13 +711,13 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment(
             "snapshot-size",
             "Bytes written by snapshots, per mode and tier; incremental against full",
-            "keyed_count without failures; abs checkpoints and nosync persists every 1000 ms, to the "
+            "keyed_count without failures; abs checkpoints and nosync persists every 250 ms, to the "
             "local disk or to the remote tier. Snapshots of both modes are incremental: abs writes the "
             "keys changed since the last checkpoint; nosync writes those and the frames its exchanges "
             "sent (its output logs) and its step metadata. A full snapshot is every key's value, "
             "packed as the stores pack them, from the state recomputed by `nosync state`'s batch jobs.",
             _snapshot_points,
-            (2, 1),
+            (2, 2),
             _snapshot_measure,
             _w,
             _snapshot_figure,
