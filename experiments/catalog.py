@@ -334,6 +334,7 @@ def _recovery_measure(spark: Any, d: str, p: dict, seed: int) -> dict:
         seed=seed,
         # a kill at a chosen phase waits for the next interval: it starts earlier in the run
         kill_after=0.2 if "phase" in p else 0.5,
+        missed_ok=True,
     )
 
 
@@ -377,7 +378,15 @@ def _recovery_reading(rows: list[dict], x: str, unit: str) -> list[str]:
             if len(here) > 1:
                 best = min(here, key=here.get)
                 out.append(f"At {fmt(xv)}{unit}, {best} had the shortest {y.split('_')[0]} ({fmt(here[best])} s).")
-    missing = collections.Counter(r["variant"] for r in rows if r.get("recovery_s") is None)
+    for v, n in sorted(collections.Counter(r["variant"] for r in rows if r.get("kill_missed")).items()):
+        total = sum(1 for r in rows if r["variant"] == v)
+        out.append(
+            f"{v}: in {n} of {total} runs the input ended before the kill could come (no completed "
+            "checkpoint or safe point until then): those runs have no recovery figures."
+        )
+    missing = collections.Counter(
+        r["variant"] for r in rows if r.get("recovery_s") is None and not r.get("kill_missed")
+    )
     for v, n in sorted(missing.items()):
         total = sum(1 for r in rows if r["variant"] == v)
         out.append(
