@@ -310,7 +310,7 @@ def _recovery_state_points(quick: bool) -> list[dict]:
     pts = []
     for keys in sizes:
         # long enough that the kill, at half the records, comes after abs's first checkpoint
-        records = max(1_500_000 if quick else 2_000_000, 4 * keys)
+        records = max(1_000_000 if quick else 2_000_000, 4 * keys)
         pts += [
             {"mode": m, "tier": t, "workers": 2, "records": records, "keys": keys, "interval_ms": 1000}
             for m, t in RECOVERY_VARIANTS
@@ -419,7 +419,7 @@ def _recovery_table(rows: list[dict], x: str, xname: str) -> tuple[list[str], li
 
 
 def _failure_points(quick: bool) -> list[dict]:
-    phases = (0.1, 0.5, 0.9) if quick else (0.05, 0.25, 0.5, 0.75, 0.95)
+    phases = (0.2, 0.8) if quick else (0.05, 0.25, 0.5, 0.75, 0.95)
     records, keys = (3_000_000, 20_000) if quick else (4_000_000, 100_000)
     return [
         {"mode": m, "workers": 2, "records": records, "keys": keys, "interval_ms": 1000, "phase": ph}
@@ -432,7 +432,7 @@ def _failure_points(quick: bool) -> list[dict]:
 
 
 def _scaling_points(quick: bool) -> list[dict]:
-    records, keys = (1_000_000, 20_000) if quick else (3_000_000, 100_000)
+    records, keys = (600_000, 20_000) if quick else (3_000_000, 100_000)
     return [
         {"mode": m, "workers": w, "records": records, "keys": keys}
         for w in (1, 2, 4)
@@ -509,7 +509,7 @@ def _snapshot_points(quick: bool) -> list[dict]:
     pts = []
     for keys in sizes:
         # several intervals long, so that snapshots taken mid-run outnumber the last one
-        records = max(1_000_000 if quick else 3_000_000, 2 * keys)
+        records = max(600_000 if quick else 3_000_000, 2 * keys)
         pts += [
             {"mode": m, "tier": t, "workers": 2, "records": records, "keys": keys, "interval_ms": 250}
             for m in FT
