@@ -390,8 +390,8 @@ def _recovery_reading(rows: list[dict], x: str, unit: str) -> list[str]:
     for v, n in sorted(missing.items()):
         total = sum(1 for r in rows if r["variant"] == v)
         out.append(
-            f"{v}: in {n} of {total} runs throughput did not get back to 90% of its level before the kill "
-            "by the end of the input (no recovery time; its restore time is shown)."
+            f"{v}: in {n} of {total} runs throughput had not got back to 90% of its level before the kill "
+            "when the input ended (no recovery time; the restore time is shown)."
         )
     rep = agg(rows, ("variant",), "records_reprocessed")
     out.append(

@@ -111,4 +111,4 @@ def test_report_draws_every_experiment(tmp_path):
     for name, exp in EXPERIMENTS.items():
         assert f"## {exp.title} (`{name}`)" in text and f"![{name}]({name}.png)" in text
     # a recovery that never got back to 90%, or a kill the run ended before, is said so
-    assert "did not get back to 90%" in text and "the input ended before the kill" in text
+    assert "had not got back to 90%" in text and "the input ended before the kill" in text
