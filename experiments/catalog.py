@@ -159,7 +159,10 @@ def _overhead_figure(rows: list[dict], path: str) -> None:
 def _overhead_reading(rows: list[dict]) -> list[str]:
     tp = agg(rows, ("mode", "interval_ms"), "records_per_s")
     p99 = agg(rows, ("mode", "interval_ms"), "latency_p99_ms")
-    base = tp.get(("none", 0))
+    # none has no interval: its rows are one reference, whatever interval_ms they carry
+    none_rows = [r for r in rows if r["mode"] == "none"]
+    base = agg(none_rows, ("mode",), "records_per_s").get(("none",))
+    b99 = agg(none_rows, ("mode",), "latency_p99_ms").get(("none",))
     if not base:
         return ["Mode none was not measured: no ratio can be given."]
     out = []
@@ -170,7 +173,6 @@ def _overhead_reading(rows: list[dict]) -> list[str]:
         parts = [f"{tp[(m, iv)][0] / base[0]:.2f}x none at {iv} ms" for iv in ivs]
         out.append(f"Throughput of {m}: " + ", ".join(parts) + ".")
         lo, hi = ivs[0], ivs[-1]
-        b99 = p99.get(("none", 0))
         if b99 and (m, lo) in p99 and (m, hi) in p99:
             out.append(
                 f"Latency p99 of {m} is {p99[(m, lo)][0] / b99[0]:.1f}x none's at {lo} ms "
