@@ -62,7 +62,9 @@ def workload_params(name: str, tmp_path) -> dict:
     return {"bids": "1500000"}
 
 
-def judge_chaos(tmp_path, workload: str, mode: str, workers: int, kills: int, seed: int, params: dict) -> list[dict]:
+def judge_chaos(
+    tmp_path, workload: str, mode: str, workers: int, kills: int, seed: int, params: dict, options: dict | None = None
+) -> list[dict]:
     """Runs `nosync chaos` and asserts exactly-once with every kill recovered; returns the
     killed run's events."""
     r = chaos(
@@ -73,6 +75,7 @@ def judge_chaos(tmp_path, workload: str, mode: str, workers: int, kills: int, se
         seed=seed,
         params=params,
         out=str(tmp_path / "chaos"),
+        options=options,
     )
     assert r["deterministic"], r
     assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
@@ -91,7 +94,10 @@ CASES = [("wordcount", 2, 1)]
 def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
     # a smaller text than the soak grid's: three runs of it stay within the suite's time
     big_text(tmp_path / "a.txt", 80_000)
-    judge_chaos(tmp_path, workload, "abs", workers, kills, 11 * workers + kills, {"input": str(tmp_path / "a.txt")})
+    # a run of this text lasts 1.5 to 3 s: checkpoints every 300 ms give the kill room to fall
+    # inside it (at the default 1 s, one fresh-clone run ended before its kill)
+    params = {"input": str(tmp_path / "a.txt")}
+    judge_chaos(tmp_path, workload, "abs", workers, kills, 11 * workers + kills, params, {"checkpoint_ms": 300})
     # what `nosync inspect` finds in the run that was killed
     from nosync.runinfo import inspect_run
 
