@@ -19,17 +19,9 @@ import shutil
 import tempfile
 from typing import Any
 
-FIELDS = (
-    "records_per_s",
-    "latency_p50_ms",
-    "latency_p99_ms",
-    "stall_ms_max",
-    "checkpoint_ms_p50",
-    "checkpoint_ms_p99",
-    "checkpoint_bytes",
-    "checkpoints_completed",
-    "processing_s",
-)
+from experiments.measure import STEADY_FIELDS
+
+FIELDS = tuple(f for f in STEADY_FIELDS if f not in ("snapshots", "peak_rss_mb"))
 BARS = {"abs": 0.85, "nosync": 0.85}
 LATENCY_BARS = {"nosync": 1.2}
 """latency_p99_ms at most this many times mode none's."""
