@@ -52,9 +52,36 @@ def _interval_options(mode: str, interval_ms: int | None, tier: str) -> dict:
     return opts
 
 
-def _check(mode: str, s: dict, records: int) -> None:
+def _run(
+    spark: Any,
+    d: str,
+    mode: str,
+    workers: int,
+    records: int,
+    keys: int,
+    skew: float,
+    seed: int,
+    interval_ms: int | None,
+    tier: str,
+    **extra: Any,
+) -> dict:
+    """keyed_count through `nosync run`'s code; its summary, once every record was committed."""
+    from nosync.runner import run as run_pipeline
+
+    result = run_pipeline(
+        KEYED_COUNT,
+        mode=mode,
+        workers=workers,
+        spark=spark,
+        run_dir=d,
+        params=_params(d, records, keys, skew, seed),
+        **_interval_options(mode, interval_ms, tier),
+        **extra,
+    )
+    s = result.summary
     if s["records_committed"] != records:
         raise AssertionError(f"mode {mode}: {s['records_committed']} of {records} records committed")
+    return s
 
 
 def steady(
@@ -72,21 +99,9 @@ def steady(
     keep: bool = False,
 ) -> dict:
     """A failure-free run in run directory `d`; removed after unless `keep`."""
-    from nosync.runner import run as run_pipeline
-
     try:
-        result = run_pipeline(
-            KEYED_COUNT,
-            mode=mode,
-            workers=workers,
-            spark=spark,
-            run_dir=d,
-            slow_worker=(0, slow_ms) if slow_ms else None,
-            params=_params(d, records, keys, skew, seed),
-            **_interval_options(mode, interval_ms, tier),
-        )
-        s = result.summary
-        _check(mode, s, records)
+        slow = (0, slow_ms) if slow_ms else None
+        s = _run(spark, d, mode, workers, records, keys, skew, seed, interval_ms, tier, slow_worker=slow)
         row = {f: s.get(f) for f in STEADY_FIELDS}
         if mode in ("none", "replay"):
             row["stall_ms_max"] = 0.0  # nothing of theirs ever holds an operator back
@@ -141,7 +156,6 @@ def recovery(
     `phase` in [0, 1), the kill waits for the next progress event after that point and comes
     `phase` x the interval after it: the kill moved across the checkpoint interval. A run
     whose input ends before the kill raises, or with `missed_ok` returns `kill_missed`."""
-    from nosync.runner import run as run_pipeline
 
     victim = workers - 1
     events = Events(os.path.join(d, "events.jsonl"))
@@ -180,18 +194,7 @@ def recovery(
             threading.Timer(delay, kill).start()
 
     try:
-        result = run_pipeline(
-            KEYED_COUNT,
-            mode=mode,
-            workers=workers,
-            spark=spark,
-            run_dir=d,
-            params=_params(d, records, keys, 0.0, seed),
-            progress=watch,
-            **_interval_options(mode, interval_ms, tier),
-        )
-        s = result.summary
-        _check(mode, s, records)
+        s = _run(spark, d, mode, workers, records, keys, 0.0, seed, interval_ms, tier, progress=watch)
         recs = s.get("recoveries") or []
         if not recs and missed_ok:
             # the input ended before the mode had anything to recover from: said, not hidden
