@@ -49,6 +49,8 @@ def inspect_cmd(run_dir, as_json) -> None:
             f"checkpoints {c['completed']} completed (last {c['last']}), {c['aborted']} aborted, "
             f"{c['files']} files, {_mb(c['bytes'])}"
         )
+        if c.get("rewind_from_epoch") is not None:
+            click.echo(f"rewind     from a retained checkpoint, to any epoch from {c['rewind_from_epoch']} on")
     tiers = info["storage_bytes"]
     if info["stores"]:
         click.echo("storage    " + ", ".join(f"{t} {_mb(n)}" for t, n in tiers.items()))

@@ -20,9 +20,18 @@ import click
     help="A changed pipeline.",
 )
 @click.option("--output", default=None, help="Where the new output goes (default: RUN_DIR-rewind-OPERATOR-eE).")
+@click.option(
+    "--restore-from",
+    "restore_from",
+    type=click.Choice(["auto", "checkpoint", "sources"]),
+    default="auto",
+    show_default=True,
+    help="Where the state before the epoch comes from: a retained checkpoint of the run (mode abs), or a "
+    "recomputation from the sources; auto takes the checkpoint when there is one.",
+)
 @click.option("--master", default=None, help="Spark master (default: embedded).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
-def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, master, as_json) -> None:
+def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from, master, as_json) -> None:
     """Restore OPERATOR of the run in RUN_DIR, and its downstream cone, to the state just before
     epoch --to-epoch, and re-execute from there with the run's pipeline or a changed one
     (--pipeline), into a separate output. The run itself is not changed."""
@@ -30,7 +39,15 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, master, as_js
     from nosync.rewind import rewind
 
     try:
-        r = rewind(run_dir, operator, to_epoch, pipeline_file=pipeline_file, output=output, master=master)
+        r = rewind(
+            run_dir,
+            operator,
+            to_epoch,
+            pipeline_file=pipeline_file,
+            output=output,
+            master=master,
+            restore_from=restore_from,
+        )
     except (PipelineError, NosyncError) as e:
         if isinstance(e, RunFailed):
             click.echo(f"error: rewind failed: {e}", err=True)
@@ -50,4 +67,7 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, master, as_js
             f"note       a run in mode {r['mode']} tags output with the greatest epoch an instance has seen: compare "
             "the outputs as wholes; epoch by epoch they can differ at epoch boundaries"
         )
-    click.echo(f"records    read {r['records_read']:,}, committed {r['records_committed']:,}, in {r['seconds']:.1f}s")
+    carried = f" ({r['records_carried']:,} carried from the run)" if r["checkpoint"] is not None else ""
+    click.echo(
+        f"records    read {r['records_read']:,}, committed {r['records_committed']:,}{carried}, in {r['seconds']:.1f}s"
+    )

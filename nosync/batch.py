@@ -26,6 +26,10 @@ stay open as they stood), sinks write nothing, the stages run up to X's, and X's
 hand back their state. Mode replay recovers with them (`recompute_states`): every operator
 instance of every worker, as it stood at the end of the last epoch committed everywhere,
 written to files the restarted workers load.
+
+A rewind of an abs run starts the jobs from one of its checkpoints (`restore` in the spec):
+every task's operators load what the checkpoint holds for their worker, so the sources start
+at its positions and the stages carry on from its consistent cut.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 
 import msgpack
 
-from nosync import sinks
+from nosync import checkpoints, sinks
 from nosync.errors import NosyncError, PipelineError
 from nosync.modes import WorkerHooks
 from nosync.operators import EOS, KeyedOp, SinkOp
@@ -228,9 +232,44 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
     finish_loops(p, {i: v[0] for i, v in inputs_of.items()})
     if rewind:
         finish_loops(p, {i: v[-1] for i, v in inputs_of.items() if len(v) > 1})
+    if host.spec.get("restore") is not None:
+        # the instances that run from the checkpoint on: in a rewind, the original pipeline's,
+        # and the cone's new sinks (the cone's new operators take over at the rewind's epoch)
+        _restore_checkpoint(host, [v[0] for v in inputs_of.values()])
     # what counts as committed: the sinks that write (in a rewind, the new cone's)
     host.writers = [op for op in ops if isinstance(op, SinkOp) and (not rewind or inputs_of[op.node.id][-1] is op)]
     return ops, by_id
+
+
+def _restore_checkpoint(host: _Host, ops: list) -> None:
+    """Brings `ops` back to an abs checkpoint of a run: keyed state as of the checkpoint's seq
+    from (copies of) the run's stores, the rest (source positions, frontiers, watermarks,
+    window bookkeeping) from its metadata. An operator the checkpoint does not name (its
+    stage's instance never got the barrier) starts empty."""
+    import lsm
+
+    r = host.spec["restore"]
+    c = int(r["checkpoint"])
+    metas = checkpoints.read(r["path"])["workers"][host.index]["ops"]
+    for op in ops:
+        meta = metas.get(op.name)
+        if meta is None:
+            continue
+        path = os.path.join(r["state_dir"], f"w{host.index}", op.name)
+        if hasattr(op, "take_updates") and meta.get("keyed_state") is not False:
+            if not os.path.isdir(path):
+                raise NosyncError(
+                    f"checkpoint {c} holds keyed state of operator '{op.name}' of worker {host.index}, but its "
+                    f"store {path} is missing"
+                )
+            store = lsm.Store(path, retention=r["retention"], compact_every_updates=0)
+            try:
+                op.restore_keyed(store.scan(as_of=c))
+            finally:
+                store.close()
+        op.restore_meta(meta)
+        if isinstance(op, SinkOp):
+            op.committed = 0  # what this job commits; the rewind counts the output it carries
 
 
 def _close(ops: list, host: _Host, s: int) -> None:

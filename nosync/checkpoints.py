@@ -129,3 +129,23 @@ def prune(run_dir: str, keep: int) -> None:
 
 def body(pipeline: str, checkpoint: int, workers: dict[int, Any], extra: dict | None = None) -> dict:
     return {"format": FORMAT, "pipeline": pipeline, "checkpoint": checkpoint, "workers": workers, **(extra or {})}
+
+
+def cut(body: dict) -> tuple[int, int, int]:
+    """Where a checkpoint's cut lies in the input: the most records read from one source
+    partition, the greatest epoch a source was in, and the records read in all (source
+    instances are the operators whose metadata names partitions)."""
+    most = epoch = total = 0
+    for w in body["workers"].values():
+        for meta in w["ops"].values():
+            if "parts" in meta:
+                most = max([most, *(int(part[2]) for part in meta["parts"])])
+                epoch = max(epoch, int(meta["epoch"]))
+                total += int(meta["records_in"])
+    return most, epoch, total
+
+
+def first_epoch(body: dict, epoch_records: int) -> int:
+    """The first epoch a rewind can start from this checkpoint: the first that begins at or
+    after its cut."""
+    return -(-cut(body)[0] // epoch_records)

@@ -3,12 +3,26 @@ or a changed pipeline, into a separate output.
 
 The cone of operator X is X and every operator downstream of it (`lineage.rewind_plan`).
 The rewind restores the cone to the state just before epoch E and re-executes epochs E on,
-as Spark batch jobs (`nosync/batch.py`) that read the sources from the start: the original
-pipeline's instances run up to the end of epoch E - 1, then, in the cone, the new
-pipeline's instances take over their state, frontiers and watermarks and run on. Operators
-outside the cone run the original code throughout. Only the cone's sinks write, every
-epoch, into the new output: a whole output of one execution, which `nosync diff` compares
-with the run's.
+as Spark batch jobs (`nosync/batch.py`): the original pipeline's instances run up to the end
+of epoch E - 1, then, in the cone, the new pipeline's instances take over their state,
+frontiers and watermarks and run on. Operators outside the cone run the original code
+throughout. Only the cone's sinks write, into the new output, which holds a whole output of
+one execution that `nosync diff` compares with the run's.
+
+Where the jobs start (`restore_from`):
+- "checkpoint" (the default for a run in mode abs): the latest retained checkpoint of the
+  run whose cut lies at or before the start of epoch E, said explicitly. Its keyed state is
+  read from copies of the run's stores as of the checkpoint's seq, its positions and
+  frontiers from its metadata; the sources read only what follows its cut. The new output
+  starts with the run's output committed up to that checkpoint (its files carry the
+  checkpoint in their names), and the jobs write what follows. The window is what the run
+  retained: `abs.KEEP_FILES` checkpoint files, and store versions back `abs.RETENTION`
+  checkpoints. With no retained checkpoint at or before E, "auto" recomputes from the
+  sources and says so; "checkpoint" refuses.
+- "sources" (the default for the other modes): the jobs read the sources from the start.
+  Every epoch the sources can read again can be rewound to. Mode nosync keeps no global
+  cut to start from: each worker's snapshots are its own, consistent only through the
+  replay of the lineage logged after them, which a batch job does not do.
 
 What "epoch" means for an output. The batch jobs process epochs in order, so what they emit
 for epoch e is what epoch e's input caused. A run in mode replay aligns epochs the same way,
@@ -17,9 +31,7 @@ with the same pipeline). The other modes let an instance run ahead on one input:
 with the greatest epoch it has seen, so some of the run's records sit one epoch later than in
 the rewound output; the outputs are then equal as wholes, not epoch by epoch.
 
-The state before E is recomputed from the sources, whatever the run's mode: every epoch the
-sources can read again can be rewound to, under abs, nosync, replay and none alike; nothing
-is read from the run's checkpoints or logs, and nothing in the run directory is changed.
+Nothing in the run directory is changed: stores are copied before they are opened.
 
 The new pipeline must be the same graph (names, kinds, inputs) as the original; outside the
 cone its functions must be the original's too. A sink takes its directory from the
@@ -31,13 +43,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from typing import Any
 
 from lineage import rewind_plan
+from nosync import checkpoints, sinks
 from nosync.errors import NosyncError, PipelineError
 from nosync.loader import load_pipeline
 from nosync.pipeline import Pipeline
+
+RESTORE_FROM = ("auto", "checkpoint", "sources")
 
 FUNCTION_PARAMS = ("fn", "add", "init", "keep", "time", "key")
 _PART = re.compile(r"^part-(\d+)-w\d+")
@@ -90,6 +106,63 @@ def _committed_epochs(directory: str) -> list[int]:
     return sorted({int(m.group(1)) for n in os.listdir(directory) if (m := _PART.match(n))})
 
 
+def checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int, per_epoch: int) -> dict:
+    """The newest retained checkpoint of an abs run whose cut lies at or before the start of
+    epoch `to_epoch` (no source partition read a record of it), as {"checkpoint", "path",
+    "body", "epoch", "records"}; {"checkpoint": -1, ...} if there is none. Also lists the
+    retained ids and the damaged files skipped."""
+    ids = checkpoints.completed(run_dir)
+    found: dict = {"checkpoint": -1, "retained": ids, "skipped": []}
+    for c in reversed(ids):
+        path = checkpoints.path_of(run_dir, c)
+        try:
+            body = checkpoints.read(path)
+        except checkpoints.CheckpointError as e:
+            found["skipped"].append(str(e))
+            continue
+        if body.get("pipeline") != pipeline.name:
+            raise NosyncError(f"{path} is a checkpoint of pipeline '{body.get('pipeline')}', not '{pipeline.name}'")
+        if checkpoints.first_epoch(body, per_epoch) <= to_epoch:
+            _, epoch, total = checkpoints.cut(body)
+            return {**found, "checkpoint": c, "path": path, "body": body, "epoch": epoch, "records": total}
+    return found
+
+
+def _stores_hold(state_dir: str, c: int) -> str | None:
+    """None if every keyed store under `state_dir` (a copy) still holds its versions as of
+    seq `c`, else why not."""
+    import lsm
+    from nosync.modes.abs import RETENTION
+
+    for w in sorted(os.listdir(state_dir)):
+        for name in sorted(os.listdir(os.path.join(state_dir, w))):
+            path = os.path.join(state_dir, w, name)
+            store = lsm.Store(path, retention=RETENTION, compact_every_updates=0)
+            try:
+                if c < store.horizon:
+                    return f"the store of operator '{name}' of worker {w[1:]} was compacted up to seq {store.horizon}"
+            finally:
+                store.close()
+    return None
+
+
+def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], c: int) -> int:
+    """Copies the run's output files committed up to checkpoint `c` by the cone's sinks into
+    the new output; returns how many."""
+    n = 0
+    for a, b in zip(old.nodes, new.nodes, strict=True):
+        if a.kind != "sink" or a.name not in cone or not isinstance(a.params["sink"], sinks.Files):
+            continue
+        src, dst = a.params["sink"].directory, b.params["sink"].directory
+        os.makedirs(dst, exist_ok=True)
+        for name in sorted(os.listdir(src)) if os.path.isdir(src) else []:
+            m = sinks.PART_NAME.match(name)
+            if m and m.group(3) is not None and int(m.group(3)) <= c:
+                shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+                n += 1
+    return n
+
+
 def rewind(
     run_dir: str,
     operator: str,
@@ -98,10 +171,14 @@ def rewind(
     output: str | None = None,
     spark: Any = None,
     master: str | None = None,
+    restore_from: str = "auto",
 ) -> dict:
     """Rewinds `operator` of the run in `run_dir` to just before epoch `to_epoch`; returns
-    what it did."""
-    from nosync.batch import _run
+    what it did. `restore_from`: "auto", "checkpoint" or "sources" (module docstring)."""
+    from nosync.batch import DEFAULT_EPOCH_RECORDS, _run
+
+    if restore_from not in RESTORE_FROM:
+        raise NosyncError(f"--restore-from must be one of {', '.join(RESTORE_FROM)}, got '{restore_from}'")
 
     meta_path = os.path.join(run_dir, "run.json")
     if not os.path.isfile(meta_path):
@@ -147,9 +224,43 @@ def rewind(
     )
     if last is not None and to_epoch > last:
         raise NosyncError(f"epoch {to_epoch} is outside the run: its last committed epoch is {last}")
+    mode = run.get("mode")
+    if restore_from == "checkpoint" and mode != "abs":
+        raise NosyncError(
+            f"--restore-from checkpoint: {run_dir} is a run in mode {mode}, which takes no checkpoints "
+            "(only mode abs does); use --restore-from sources"
+        )
+    per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+    scratch = os.path.join(output, "_rewind")
+    point: dict = {"checkpoint": -1}
+    why_not = None
+    if mode == "abs" and restore_from != "sources":
+        point = checkpoint_before(run_dir, old, to_epoch, per_epoch)
+        kept = point["retained"]
+        if point["checkpoint"] < 0:
+            why_not = f"no retained checkpoint of the run lies at or before epoch {to_epoch}" + (
+                f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)"
+            )
+        other = [a.name for a in old.nodes if a.kind == "sink" and a.name in cone]
+        other = [n for n in other if not isinstance(old.node(n).params["sink"], (sinks.Files, sinks.Null))]
+        if why_not is None and other:
+            why_not = f"sink '{other[0]}' keeps no output files per checkpoint to start the new output from"
+        if why_not is None:
+            os.makedirs(scratch, exist_ok=True)
+            state = os.path.join(run_dir, "state")
+            copy = os.path.join(scratch, "state")
+            if os.path.isdir(state):
+                shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
+                why_not = _stores_hold(copy, point["checkpoint"])
+                if why_not is not None:
+                    shutil.rmtree(copy)
+        if why_not is not None:
+            if restore_from == "checkpoint":
+                raise NosyncError(f"epoch {to_epoch} is outside the run's checkpoint window: {why_not}")
+            point = {"checkpoint": -1}
     os.makedirs(output, exist_ok=True)
     t0 = time.time()
-    extra = {
+    extra: dict = {
         "rewind": {
             "cone": [n.id for n in old.nodes if n.name in cone],
             "epoch": to_epoch,
@@ -157,6 +268,35 @@ def rewind(
             "params": params,
         }
     }
+    c = point["checkpoint"]
+    carried = carried_records = 0
+    if c >= 0:
+        from nosync.modes.abs import RETENTION
+
+        chk = os.path.join(scratch, os.path.basename(point["path"]))
+        shutil.copy2(point["path"], chk)
+        extra["restore"] = {
+            "checkpoint": c,
+            "path": chk,
+            "state_dir": os.path.join(scratch, "state"),
+            "retention": RETENTION,
+        }
+        carried = _carry_output(old, new, cone, c)
+        carried_records = sum(
+            int(meta["committed"]) + sum(int(h["records"]) for cc, h in meta["precommitted"] if cc <= c)
+            for w in point["body"]["workers"].values()
+            for name, meta in w["ops"].items()
+            if name in cone and old.node(name).kind == "sink"
+        )
+        restored = (
+            f"checkpoint {c} of the run, the latest retained at or before epoch {to_epoch} (its cut lies in "
+            f"epoch {point['epoch']}, after {point['records']:,} records read); the new output starts with the "
+            f"run's output committed up to it ({carried} files)" + "".join(f"; skipped {e}" for e in point["skipped"])
+        )
+    elif mode == "abs" and restore_from == "auto" and why_not is not None:
+        restored = f"recomputed from the sources by batch jobs: {why_not}"
+    else:
+        restored = "recomputed from the sources by batch jobs (no checkpoint or log of the run is read)"
     r, _ = _run(
         new_file,
         new_params,
@@ -165,24 +305,27 @@ def rewind(
         master,
         run.get("epoch_records"),
         int(run.get("batch_size") or 1024),
-        os.path.join(output, "_rewind"),
+        scratch,
         extra,
     )
+    shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
     out = {
         "run_dir": os.path.abspath(run_dir),
-        "mode": run.get("mode"),
+        "mode": mode,
         "operator": operator,
         "to_epoch": to_epoch,
         "cone": sorted(cone),
         "pipeline_file": new_file,
         "changed": new_file != os.path.abspath(run["pipeline_file"]),
         "output": output,
-        "restored": "recomputed from the sources by batch jobs (no checkpoint or log of the run is read)",
-        "by_epoch": run.get("mode") == "replay",
-        "records_read": r["read"],
-        "records_committed": r["committed"],
+        "restored": restored,
+        "checkpoint": c if c >= 0 else None,
+        "by_epoch": mode == "replay",
+        "records_read": r["read"] - (point["records"] if c >= 0 else 0),
+        "records_committed": carried_records + r["committed"],
+        "records_carried": carried_records,
         "seconds": time.time() - t0,
     }
-    with open(os.path.join(output, "_rewind", "rewind.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(scratch, "rewind.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
     return out

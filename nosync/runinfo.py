@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from lsm.files import tree_bytes
+from nosync import checkpoints as chk
 from nosync.errors import NosyncError
 
 TIERS = ("log", "disk", "remote")
@@ -121,6 +122,17 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             if completed
             else None,
         }
+        if on_disk and not run.get("epoch_ms"):
+            # the first epoch `rewind` can start from a retained checkpoint
+            first = None
+            for name in on_disk:
+                try:
+                    body = chk.read(os.path.join(run_dir, "checkpoints", name))
+                except chk.CheckpointError:
+                    continue
+                e = chk.first_epoch(body, int(run.get("epoch_records") or 10_000))
+                first = e if first is None else min(first, e)
+            info["checkpoints"]["rewind_from_epoch"] = first
     stores = _stores(run_dir)
     if open_stores:
         for s in stores:

@@ -156,7 +156,7 @@ class Files(Sink):
             return out
         for name in sorted(os.listdir(self.directory)):
             path = os.path.join(self.directory, name)
-            m = _PART_NAME.match(name)
+            m = PART_NAME.match(name)
             epoch = int(m.group(1)) if m else -1
             if name.endswith(".jsonl"):
                 with open(path, encoding="utf-8") as f:
@@ -215,7 +215,9 @@ def _parquet_records(path: str) -> list:
     return table.to_pylist()
 
 
-_PART_NAME = re.compile(r"^part-(\d+)-w(\d+)(?:-c(\d+))?(?:-(\d+))?\.")
+PART_NAME = re.compile(r"^part-(\d+)-w(\d+)(?:-c(\d+))?(?:-(\d+))?\.")
+"""A committed part file's name: epoch, worker, the checkpoint it was committed under (modes
+that commit in two phases) and its index within the epoch."""
 ROW_GROUP = 65_536
 """Records a Parquet part file buffers before it writes them as a row group."""
 
@@ -357,7 +359,7 @@ class _FilesPart(SinkPart):
         for e in sorted(e for e in {*self.open, *self.sealed} if e <= epoch):
             if self.replace:
                 for name, c in self._mine(self.dir):
-                    if c is None and int(_PART_NAME.match(name).group(1)) == e:
+                    if c is None and int(PART_NAME.match(name).group(1)) == e:
                         os.unlink(os.path.join(self.dir, name))
             n += self._publish(e, self.dir, None)[1]
         if n:
@@ -400,7 +402,7 @@ class _FilesPart(SinkPart):
         """This worker's part files in `directory` and the checkpoint each names (None: none)."""
         out = []
         for name in os.listdir(directory):
-            m = _PART_NAME.match(name)
+            m = PART_NAME.match(name)
             if m and int(m.group(2)) == self.worker:
                 out.append((name, None if m.group(3) is None else int(m.group(3))))
         return out

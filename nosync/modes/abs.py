@@ -50,8 +50,9 @@ log = logging.getLogger("nosync.abs")
 
 RETENTION = 64
 """Checkpoint ids each keyed store keeps versions of: a rollback may go this far back."""
-KEEP_FILES = 3
-"""Completed checkpoint files kept in the run directory (the newest, and fallbacks)."""
+KEEP_FILES = RETENTION
+"""Completed checkpoint files kept in the run directory: the newest, the fallbacks behind it,
+and what `nosync rewind` can start from (as many as the stores keep versions of)."""
 
 
 def state_path(run_dir: str, worker: int, operator: str) -> str:

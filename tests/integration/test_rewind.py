@@ -12,6 +12,14 @@ running counts are 1, 2, ..., n, and the count of a record of epoch e is known i
   end of epoch E - 1 as before, then +2 per record);
 - errors: an unknown operator, a source, an epoch after the run, another pipeline, an
   operator outside the cone that changed, a run directory that is not one.
+
+The same run in mode abs, checkpointing every 50 ms, is rewound from its checkpoints: the
+newest one whose cut lies before epoch E (found here from the checkpoint files themselves),
+its keyed state read from copies of the run's stores, the sources read only after its cut.
+The whole output must equal the run's (the same pipeline) or the definition (the changed
+aggregate): a count restored wrongly from the checkpoint changes every later count of its
+key. An epoch before the first checkpoint is refused with `--restore-from checkpoint`, and
+recomputed from the sources, saying so, by default.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import pytest
 from test_abs import committed_pairs
 
 import nosync as ns
+from nosync import checkpoints
 from nosync.diff import diff_outputs
 from nosync.errors import NosyncError, PipelineError
 from nosync.rewind import check_compatible, rewind
@@ -37,10 +46,41 @@ RECORDS, KEYS, PER_EPOCH, E = 200_000, 2_000, 5_000, 10
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory):
-    base = tmp_path_factory.mktemp("rewind")
+    return run_keyed_count(tmp_path_factory.mktemp("rewind"), "replay")
+
+
+@pytest.fixture(scope="module")
+def original_abs(tmp_path_factory):
+    return run_keyed_count(tmp_path_factory.mktemp("rewind-abs"), "abs", "--checkpoint-ms", "50")
+
+
+def cuts(run_dir) -> list[tuple[int, int, int]]:
+    """(checkpoint, most records read from one source partition, records read in all) of
+    each checkpoint file of the run."""
+    out = []
+    for c in checkpoints.completed(str(run_dir)):
+        body = checkpoints.read(checkpoints.path_of(str(run_dir), c))
+        parts = [p for w in body["workers"].values() for p in w["ops"]["source_1"]["parts"]]
+        out.append((c, max(p[2] for p in parts), sum(p[2] for p in parts)))
+    return out
+
+
+def expected_pairs(epoch: int) -> collections.Counter:
+    """keyed_count's committed (key, count) pairs when each record counts 1 before `epoch` and
+    2 from it on: record i is the (i // 2)-th of partition i % 2, so in epoch (i // 2) // PER_EPOCH."""
+    expected: collections.Counter = collections.Counter()
+    count: dict[str, int] = {}
+    for i in range(RECORDS):
+        k = str(i % KEYS)
+        count[k] = count.get(k, 0) + (1 if (i // 2) // PER_EPOCH < epoch else 2)
+        expected[(k, count[k])] += 1
+    return expected
+
+
+def run_keyed_count(base, mode: str, *options: str):
     run_dir, out = base / "run", base / "out"
-    cmd = [sys.executable, "-m", "cli.main", "run", os.path.join(WORKLOADS, "keyed_count.py"), "--mode", "replay"]
-    cmd += ["--workers", "2", "--epoch-records", str(PER_EPOCH), "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "cli.main", "run", os.path.join(WORKLOADS, "keyed_count.py"), "--mode", mode]
+    cmd += ["--workers", "2", "--epoch-records", str(PER_EPOCH), "--run-dir", str(run_dir), *options]
     cmd += ["-p", f"records={RECORDS}", "-p", f"keys={KEYS}", "-p", f"output={out}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -75,14 +115,50 @@ def test_rewind_with_a_changed_aggregate_changes_only_from_its_epoch(spark, tmp_
     )
     s = diff_outputs(str(out), str(new), str(tmp_path / "d.jsonl"))
     assert s["first_epoch"] == E and all(int(e) >= E for e in s["epochs"]), s["epochs"]
-    # record i is in epoch (i // 2) // PER_EPOCH; a key's count goes +1 per record before E, +2 after
-    expected: collections.Counter = collections.Counter()
-    count: dict[str, int] = {}
-    for i in range(RECORDS):
-        k = str(i % KEYS)
-        count[k] = count.get(k, 0) + (1 if (i // 2) // PER_EPOCH < E else 2)
-        expected[(k, count[k])] += 1
-    assert committed_pairs(str(new)) == expected
+    assert committed_pairs(str(new)) == expected_pairs(E)
+
+
+def test_rewind_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, original_abs):
+    run_dir, out = original_abs
+    before = listing(run_dir)
+    cs = cuts(run_dir)
+    # two checkpoints inside the input, the second's cut inside an epoch the first's is before
+    pairs = [
+        (a, b)
+        for a, b in zip(cs, cs[1:], strict=False)
+        if 0 < a[1] and b[1] < RECORDS // 2 and a[1] // PER_EPOCH < b[1] // PER_EPOCH and b[1] % PER_EPOCH
+    ]
+    assert pairs, f"the run took no two checkpoints inside its input in different epochs: {cs}"
+    (want, _, read_before), (after, most, _) = pairs[len(pairs) // 2]
+    epoch = most // PER_EPOCH  # checkpoint `after` read records of this epoch: too late; `want` did not
+    r = rewind(str(run_dir), "aggregate_1", epoch, output=str(tmp_path / "same"), spark=spark)
+    assert r["checkpoint"] == want and f"checkpoint {want} of the run" in r["restored"], r
+    assert r["records_read"] == RECORDS - read_before < RECORDS
+    assert r["records_committed"] == RECORDS
+    assert committed_pairs(str(tmp_path / "same")) == committed_pairs(str(out))
+    new = tmp_path / "double"
+    r = rewind(
+        str(run_dir),
+        "aggregate_1",
+        epoch,
+        pipeline_file=os.path.join(PIPELINES, "keyed_count_double.py"),
+        output=str(new),
+        spark=spark,
+    )
+    assert r["checkpoint"] == want and r["changed"]
+    assert committed_pairs(str(new)) == expected_pairs(epoch)
+    assert listing(run_dir) == before, "the rewind changed the run directory"
+
+
+def test_rewind_of_an_abs_run_before_its_first_checkpoint(spark, tmp_path, original_abs):
+    run_dir, out = original_abs
+    assert cuts(run_dir)[0][1] > 0, "the first checkpoint's cut is at the start of the input"
+    with pytest.raises(NosyncError, match="epoch 0 is outside the run's checkpoint window: no retained checkpoint"):
+        rewind(str(run_dir), "aggregate_1", 0, output=str(tmp_path / "a"), spark=spark, restore_from="checkpoint")
+    r = rewind(str(run_dir), "aggregate_1", 0, output=str(tmp_path / "b"), spark=spark)
+    assert r["checkpoint"] is None and "recomputed from the sources" in r["restored"], r
+    assert r["records_read"] == RECORDS
+    assert committed_pairs(str(tmp_path / "b")) == committed_pairs(str(out))
 
 
 def test_rewind_errors_name_what_is_wrong(spark, tmp_path, original):
@@ -111,6 +187,8 @@ def test_rewind_errors_name_what_is_wrong(spark, tmp_path, original):
         timeout=60,
     )
     assert proc.returncode == 2 and "has no run.json" in proc.stderr, proc.stderr
+    with pytest.raises(NosyncError, match="is a run in mode replay, which takes no checkpoints"):
+        rewind(str(run_dir), "aggregate_1", E, output=str(tmp_path / "e"), spark=spark, restore_from="checkpoint")
 
 
 def test_a_change_outside_the_cone_is_refused():
