@@ -37,21 +37,24 @@ from nosync import checkpoints
 from nosync.diff import diff_outputs
 from nosync.errors import NosyncError, PipelineError
 from nosync.rewind import check_compatible, rewind
+from nosync.runinfo import inspect_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
 RECORDS, KEYS, PER_EPOCH, E = 200_000, 2_000, 5_000, 10
+ABS_RECORDS = 1_000_000
+"""The abs run is longer, so that several of its 50 ms checkpoints fall inside its input."""
 
 
 @pytest.fixture(scope="module")
 def original(tmp_path_factory):
-    return run_keyed_count(tmp_path_factory.mktemp("rewind"), "replay")
+    return run_keyed_count(tmp_path_factory.mktemp("rewind"), "replay", RECORDS)
 
 
 @pytest.fixture(scope="module")
 def original_abs(tmp_path_factory):
-    return run_keyed_count(tmp_path_factory.mktemp("rewind-abs"), "abs", "--checkpoint-ms", "50")
+    return run_keyed_count(tmp_path_factory.mktemp("rewind-abs"), "abs", ABS_RECORDS, "--checkpoint-ms", "50")
 
 
 def cuts(run_dir) -> list[tuple[int, int, int]]:
@@ -65,23 +68,23 @@ def cuts(run_dir) -> list[tuple[int, int, int]]:
     return out
 
 
-def expected_pairs(epoch: int) -> collections.Counter:
+def expected_pairs(epoch: int, records: int = RECORDS) -> collections.Counter:
     """keyed_count's committed (key, count) pairs when each record counts 1 before `epoch` and
     2 from it on: record i is the (i // 2)-th of partition i % 2, so in epoch (i // 2) // PER_EPOCH."""
     expected: collections.Counter = collections.Counter()
     count: dict[str, int] = {}
-    for i in range(RECORDS):
+    for i in range(records):
         k = str(i % KEYS)
         count[k] = count.get(k, 0) + (1 if (i // 2) // PER_EPOCH < epoch else 2)
         expected[(k, count[k])] += 1
     return expected
 
 
-def run_keyed_count(base, mode: str, *options: str):
+def run_keyed_count(base, mode: str, records: int, *options: str):
     run_dir, out = base / "run", base / "out"
     cmd = [sys.executable, "-m", "cli.main", "run", os.path.join(WORKLOADS, "keyed_count.py"), "--mode", mode]
     cmd += ["--workers", "2", "--epoch-records", str(PER_EPOCH), "--run-dir", str(run_dir), *options]
-    cmd += ["-p", f"records={RECORDS}", "-p", f"keys={KEYS}", "-p", f"output={out}"]
+    cmd += ["-p", f"records={records}", "-p", f"keys={KEYS}", "-p", f"output={out}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run_dir, out
@@ -126,15 +129,15 @@ def test_rewind_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, origin
     pairs = [
         (a, b)
         for a, b in zip(cs, cs[1:], strict=False)
-        if 0 < a[1] and b[1] < RECORDS // 2 and a[1] // PER_EPOCH < b[1] // PER_EPOCH and b[1] % PER_EPOCH
+        if 0 < a[1] and b[1] < ABS_RECORDS // 2 and a[1] // PER_EPOCH < b[1] // PER_EPOCH and b[1] % PER_EPOCH
     ]
     assert pairs, f"the run took no two checkpoints inside its input in different epochs: {cs}"
     (want, _, read_before), (after, most, _) = pairs[len(pairs) // 2]
     epoch = most // PER_EPOCH  # checkpoint `after` read records of this epoch: too late; `want` did not
     r = rewind(str(run_dir), "aggregate_1", epoch, output=str(tmp_path / "same"), spark=spark)
     assert r["checkpoint"] == want and f"checkpoint {want} of the run" in r["restored"], r
-    assert r["records_read"] == RECORDS - read_before < RECORDS
-    assert r["records_committed"] == RECORDS
+    assert r["records_read"] == ABS_RECORDS - read_before < ABS_RECORDS
+    assert r["records_committed"] == ABS_RECORDS
     assert committed_pairs(str(tmp_path / "same")) == committed_pairs(str(out))
     new = tmp_path / "double"
     r = rewind(
@@ -146,8 +149,10 @@ def test_rewind_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, origin
         spark=spark,
     )
     assert r["checkpoint"] == want and r["changed"]
-    assert committed_pairs(str(new)) == expected_pairs(epoch)
+    assert committed_pairs(str(new)) == expected_pairs(epoch, ABS_RECORDS)
     assert listing(run_dir) == before, "the rewind changed the run directory"
+    # inspect names the first epoch a checkpoint can be rewound to: the first one after a cut
+    assert inspect_run(str(run_dir))["checkpoints"]["rewind_from_epoch"] == min(-(-m // PER_EPOCH) for _, m, _ in cs)
 
 
 def test_rewind_of_an_abs_run_before_its_first_checkpoint(spark, tmp_path, original_abs):
@@ -157,7 +162,7 @@ def test_rewind_of_an_abs_run_before_its_first_checkpoint(spark, tmp_path, origi
         rewind(str(run_dir), "aggregate_1", 0, output=str(tmp_path / "a"), spark=spark, restore_from="checkpoint")
     r = rewind(str(run_dir), "aggregate_1", 0, output=str(tmp_path / "b"), spark=spark)
     assert r["checkpoint"] is None and "recomputed from the sources" in r["restored"], r
-    assert r["records_read"] == RECORDS
+    assert r["records_read"] == ABS_RECORDS
     assert committed_pairs(str(tmp_path / "b")) == committed_pairs(str(out))
 
 
