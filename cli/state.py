@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import click
@@ -32,14 +33,26 @@ def _candidates(text: str) -> list:
     "--as-of-epoch", type=click.IntRange(min=0), default=None, help="At the end of this epoch (default: all)."
 )
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Keys shown (0: all).")
+@click.option(
+    "--restore-from",
+    "restore_from",
+    type=click.Choice(["auto", "checkpoint", "sources"]),
+    default="auto",
+    show_default=True,
+    help="Start from a retained checkpoint of the run (mode abs), or recompute from the sources; auto takes "
+    "the checkpoint when there is one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print (key, state) pairs as JSON lines.")
-def state_cmd(run_dir, operator, key, as_of_epoch, limit, as_json) -> None:
+def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json) -> None:
     """Show the keyed state of OPERATOR in the run RUN_DIR at the end of an epoch. The state is
-    recomputed from the run's input by Spark batch jobs running the pipeline's own operators,
-    so it is the same under every mode."""
+    computed by Spark batch jobs running the pipeline's own operators over the run's input:
+    from the latest retained checkpoint before that epoch's end for a run in mode abs, else
+    from the start of the sources. It is the same under every mode."""
     from lsm.keys import encode_key
     from nosync.batch import keyed_state
-    from nosync.errors import NosyncError, PipelineError
+    from nosync.errors import NosyncError, PipelineError, RunFailed
+    from nosync.loader import load_pipeline
+    from nosync.rewind import start_point
 
     meta_path = os.path.join(run_dir, "run.json")
     if not os.path.isfile(meta_path):
@@ -54,7 +67,12 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, as_json) -> None:
             err=True,
         )
         sys.exit(2)
+    scratch = os.path.join(run_dir, "state-query")
     try:
+        pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
+        start = start_point(
+            run_dir, run, pipeline, None if as_of_epoch is None else as_of_epoch + 1, scratch, restore_from
+        )
         state = keyed_state(
             run["pipeline_file"],
             run.get("params") or {},
@@ -63,14 +81,17 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, as_json) -> None:
             epoch_records=run.get("epoch_records"),
             until_epoch=as_of_epoch,
             keys=None if key is None else _candidates(key),
-            run_dir=os.path.join(run_dir, "state-query"),
+            run_dir=scratch,
+            restore=start["restore"],
         )
     except PipelineError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except NosyncError as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        sys.exit(1 if isinstance(e, RunFailed) else 2)
+    finally:
+        shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
     state.sort(key=lambda kv: encode_key(kv[0]))
     shown = state if not limit else state[:limit]
     if as_json:
@@ -78,7 +99,11 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, as_json) -> None:
             click.echo(json.dumps([k, v], default=str))
         return
     at = "the end of the input" if as_of_epoch is None else f"the end of epoch {as_of_epoch}"
-    click.echo(f"{operator}: {len(state):,} keys at {at}")
+    if start["checkpoint"] >= 0:
+        frm = f"from checkpoint {start['checkpoint']} of the run, {start['records']:,} records before its cut"
+    else:
+        frm = "from the start of the sources" + (f" ({start['why_not']})" if start["why_not"] else "")
+    click.echo(f"{operator}: {len(state):,} keys at {at}, computed {frm}")
     for k, v in shown:
         click.echo(f"  {json.dumps(k, default=str)}: {json.dumps(v, default=str)}")
     if len(shown) < len(state):

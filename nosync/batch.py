@@ -453,11 +453,14 @@ def keyed_state(
     master: str | None = None,
     batch_size: int = 1024,
     run_dir: str | None = None,
+    restore: dict | None = None,
 ) -> list[tuple[Any, Any]]:
     """(key, state) of every key of keyed operator `operator` at the end of epoch
     `until_epoch` (None: all the input), recomputed by batch jobs; only those of `keys`, if
-    given."""
+    given. `restore`: a checkpoint of the run to start from (`rewind.start_point`)."""
     extra = {"state_of": {"operator": operator, "keys": keys}, "until_epoch": until_epoch}
+    if restore is not None:
+        extra["restore"] = restore
     _, state = _run(pipeline_file, params, workers, spark, master, epoch_records, batch_size, run_dir, extra)
     return state
 

@@ -106,11 +106,12 @@ def _committed_epochs(directory: str) -> list[int]:
     return sorted({int(m.group(1)) for n in os.listdir(directory) if (m := _PART.match(n))})
 
 
-def checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int, per_epoch: int) -> dict:
+def checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int | None, per_epoch: int) -> dict:
     """The newest retained checkpoint of an abs run whose cut lies at or before the start of
-    epoch `to_epoch` (no source partition read a record of it), as {"checkpoint", "path",
-    "body", "epoch", "records"}; {"checkpoint": -1, ...} if there is none. Also lists the
-    retained ids and the damaged files skipped."""
+    epoch `to_epoch` (no source partition read a record of it; None: any), as {"checkpoint",
+    "path", "body", "epoch", "records"}; {"checkpoint": -1, ...} if there is none. A
+    checkpoint that left an operator's keyed state out (its input had ended) is passed over.
+    Also lists the retained ids and the damaged files skipped."""
     ids = checkpoints.completed(run_dir)
     found: dict = {"checkpoint": -1, "retained": ids, "skipped": []}
     for c in reversed(ids):
@@ -122,7 +123,8 @@ def checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int, per_epoch
             continue
         if body.get("pipeline") != pipeline.name:
             raise NosyncError(f"{path} is a checkpoint of pipeline '{body.get('pipeline')}', not '{pipeline.name}'")
-        if checkpoints.first_epoch(body, per_epoch) <= to_epoch:
+        whole = all(m.get("keyed_state") is not False for w in body["workers"].values() for m in w["ops"].values())
+        if whole and (to_epoch is None or checkpoints.first_epoch(body, per_epoch) <= to_epoch):
             _, epoch, total = checkpoints.cut(body)
             return {**found, "checkpoint": c, "path": path, "body": body, "epoch": epoch, "records": total}
     return found
@@ -174,6 +176,69 @@ def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], c: int) -> int:
     return n
 
 
+def start_point(
+    run_dir: str,
+    run: dict,
+    pipeline: Pipeline,
+    epoch: int | None,
+    scratch: str,
+    restore_from: str = "auto",
+    blocker: str | None = None,
+) -> dict:
+    """Where batch jobs that reproduce the run's state before `epoch` (None: at the end of
+    its input) start: from a retained checkpoint of an abs run, its file and a copy of the
+    run's stores put under `scratch` (`restore` is then the batch spec's entry), or from the
+    sources (`checkpoint` -1, and `why_not` says why when a checkpoint was looked for).
+    `blocker`: a reason of the caller's not to start from a checkpoint. Raises NosyncError
+    when `restore_from` is "checkpoint" and there is none to start from."""
+    from nosync.batch import DEFAULT_EPOCH_RECORDS
+    from nosync.modes.abs import RETENTION
+
+    if restore_from not in RESTORE_FROM:
+        raise NosyncError(f"--restore-from must be one of {', '.join(RESTORE_FROM)}, got '{restore_from}'")
+    mode = run.get("mode")
+    if restore_from == "checkpoint" and mode != "abs":
+        raise NosyncError(
+            f"--restore-from checkpoint: {run_dir} is a run in mode {mode}, which takes no checkpoints "
+            "(only mode abs does); use --restore-from sources"
+        )
+    none: dict = {"checkpoint": -1, "why_not": None, "restore": None}
+    if mode != "abs" or restore_from == "sources":
+        return none
+    per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+    point = checkpoint_before(run_dir, pipeline, epoch, per_epoch)
+    kept = point["retained"]
+    where = "at the end of the input" if epoch is None else f"at or before epoch {epoch}"
+    why_not = blocker
+    if why_not is None and point["checkpoint"] < 0:
+        why_not = f"no retained checkpoint of the run lies {where}" + (
+            f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)"
+        )
+    if why_not is None:
+        os.makedirs(scratch, exist_ok=True)
+        state = os.path.join(run_dir, "state")
+        copy = os.path.join(scratch, "state")
+        if os.path.isdir(state):
+            shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
+            why_not = _stores_hold(copy, point["checkpoint"])
+            if why_not is not None:
+                shutil.rmtree(copy)
+    if why_not is not None:
+        if restore_from == "checkpoint":
+            what = "the end of the input" if epoch is None else f"epoch {epoch}"
+            raise NosyncError(f"{what} is outside the run's checkpoint window: {why_not}")
+        return {**none, "why_not": why_not}
+    chk = os.path.join(scratch, os.path.basename(point["path"]))
+    shutil.copy2(point["path"], chk)
+    restore = {
+        "checkpoint": point["checkpoint"],
+        "path": chk,
+        "state_dir": os.path.join(scratch, "state"),
+        "retention": RETENTION,
+    }
+    return {**point, "why_not": None, "restore": restore}
+
+
 def rewind(
     run_dir: str,
     operator: str,
@@ -186,7 +251,7 @@ def rewind(
 ) -> dict:
     """Rewinds `operator` of the run in `run_dir` to just before epoch `to_epoch`; returns
     what it did. `restore_from`: "auto", "checkpoint" or "sources" (module docstring)."""
-    from nosync.batch import DEFAULT_EPOCH_RECORDS, _run
+    from nosync.batch import _run
 
     if restore_from not in RESTORE_FROM:
         raise NosyncError(f"--restore-from must be one of {', '.join(RESTORE_FROM)}, got '{restore_from}'")
@@ -236,41 +301,21 @@ def rewind(
     if last is not None and to_epoch > last:
         raise NosyncError(f"epoch {to_epoch} is outside the run: its last committed epoch is {last}")
     mode = run.get("mode")
-    if restore_from == "checkpoint" and mode != "abs":
-        raise NosyncError(
-            f"--restore-from checkpoint: {run_dir} is a run in mode {mode}, which takes no checkpoints "
-            "(only mode abs does); use --restore-from sources"
-        )
-    per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+    other = [a.name for a in old.nodes if a.kind == "sink" and a.name in cone]
+    other = [n for n in other if not isinstance(old.node(n).params["sink"], (sinks.Files, sinks.Null))]
     scratch = os.path.join(output, "_rewind")
-    point: dict = {"checkpoint": -1}
-    why_not = None
-    if mode == "abs" and restore_from != "sources":
-        point = checkpoint_before(run_dir, old, to_epoch, per_epoch)
-        kept = point["retained"]
-        if point["checkpoint"] < 0:
-            why_not = f"no retained checkpoint of the run lies at or before epoch {to_epoch}" + (
-                f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)"
-            )
-        other = [a.name for a in old.nodes if a.kind == "sink" and a.name in cone]
-        other = [n for n in other if not isinstance(old.node(n).params["sink"], (sinks.Files, sinks.Null))]
-        if why_not is None and other:
-            why_not = f"sink '{other[0]}' keeps no output files per checkpoint to start the new output from"
-        if why_not is None:
-            os.makedirs(scratch, exist_ok=True)
-            state = os.path.join(run_dir, "state")
-            copy = os.path.join(scratch, "state")
-            if os.path.isdir(state):
-                shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
-                why_not = _stores_hold(copy, point["checkpoint"])
-                if why_not is not None:
-                    shutil.rmtree(copy)
-        if why_not is not None:
-            if restore_from == "checkpoint":
-                raise NosyncError(f"epoch {to_epoch} is outside the run's checkpoint window: {why_not}")
-            point = {"checkpoint": -1}
-    os.makedirs(output, exist_ok=True)
     t0 = time.time()
+    point = start_point(
+        run_dir,
+        run,
+        old,
+        to_epoch,
+        scratch,
+        restore_from,
+        f"sink '{other[0]}' keeps no output files per checkpoint to start the new output from" if other else None,
+    )
+    why_not = point["why_not"]
+    os.makedirs(output, exist_ok=True)
     extra: dict = {
         "rewind": {
             "cone": [n.id for n in old.nodes if n.name in cone],
@@ -282,16 +327,7 @@ def rewind(
     c = point["checkpoint"]
     carried = carried_records = 0
     if c >= 0:
-        from nosync.modes.abs import RETENTION
-
-        chk = os.path.join(scratch, os.path.basename(point["path"]))
-        shutil.copy2(point["path"], chk)
-        extra["restore"] = {
-            "checkpoint": c,
-            "path": chk,
-            "state_dir": os.path.join(scratch, "state"),
-            "retention": RETENTION,
-        }
+        extra["restore"] = point["restore"]
         carried = _carry_output(old, new, cone, c)
         carried_records = sum(
             int(meta["committed"]) + sum(int(h["records"]) for cc, h in meta["precommitted"] if cc <= c)

@@ -25,6 +25,7 @@ recomputed from the sources, saying so, by default.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -34,9 +35,11 @@ from test_abs import committed_pairs
 
 import nosync as ns
 from nosync import checkpoints
+from nosync.batch import keyed_state
 from nosync.diff import diff_outputs
 from nosync.errors import NosyncError, PipelineError
-from nosync.rewind import check_compatible, rewind
+from nosync.loader import load_pipeline
+from nosync.rewind import check_compatible, rewind, start_point
 from nosync.runinfo import inspect_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -121,19 +124,25 @@ def test_rewind_with_a_changed_aggregate_changes_only_from_its_epoch(spark, tmp_
     assert committed_pairs(str(new)) == expected_pairs(E)
 
 
-def test_rewind_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, original_abs):
-    run_dir, out = original_abs
-    before = listing(run_dir)
-    cs = cuts(run_dir)
-    # two checkpoints inside the input, the second's cut inside an epoch the first's is before
+def checkpoint_and_epoch(cs: list) -> tuple[int, int, int]:
+    """Two checkpoints inside the input, the second's cut inside an epoch the first's is
+    before: the first checkpoint, the records read at its cut, and that epoch (checkpoint
+    two read records of it: too late to start from; the first did not)."""
     pairs = [
         (a, b)
         for a, b in zip(cs, cs[1:], strict=False)
         if 0 < a[1] and b[1] < ABS_RECORDS // 2 and a[1] // PER_EPOCH < b[1] // PER_EPOCH and b[1] % PER_EPOCH
     ]
     assert pairs, f"the run took no two checkpoints inside its input in different epochs: {cs}"
-    (want, _, read_before), (after, most, _) = pairs[len(pairs) // 2]
-    epoch = most // PER_EPOCH  # checkpoint `after` read records of this epoch: too late; `want` did not
+    (want, _, read_before), (_, most, _) = pairs[len(pairs) // 2]
+    return want, read_before, most // PER_EPOCH
+
+
+def test_rewind_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, original_abs):
+    run_dir, out = original_abs
+    before = listing(run_dir)
+    cs = cuts(run_dir)
+    want, read_before, epoch = checkpoint_and_epoch(cs)
     r = rewind(str(run_dir), "aggregate_1", epoch, output=str(tmp_path / "same"), spark=spark)
     assert r["checkpoint"] == want and f"checkpoint {want} of the run" in r["restored"], r
     assert r["records_read"] == ABS_RECORDS - read_before < ABS_RECORDS
@@ -211,3 +220,33 @@ def test_a_change_outside_the_cone_is_refused():
         check_compatible(old, outside, {"aggregate_1", "sink_1"})
     with pytest.raises(PipelineError, match="function `add` changed"):
         check_compatible(old, inside, {"sink_1"})
+
+
+def test_state_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, original_abs):
+    """The count of key k at the end of epoch e counts the records i < 2 (e + 1) PER_EPOCH
+    with i % KEYS == k (see expected_pairs)."""
+    run_dir, _ = original_abs
+    want, _, epoch = checkpoint_and_epoch(cuts(run_dir))
+    with open(run_dir / "run.json", encoding="utf-8") as f:
+        run = json.load(f)
+    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    start = start_point(str(run_dir), run, pipeline, epoch, str(tmp_path / "q"))
+    assert start["checkpoint"] == want
+    got = keyed_state(
+        run["pipeline_file"],
+        run["params"],
+        "aggregate_1",
+        epoch_records=PER_EPOCH,
+        until_epoch=epoch - 1,
+        spark=spark,
+        run_dir=str(tmp_path / "q"),
+        restore=start["restore"],
+    )
+    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(2 * epoch * PER_EPOCH)))
+    cli = [sys.executable, "-m", "cli.main", "state", str(run_dir), "--operator", "aggregate_1"]
+    proc = subprocess.run(
+        [*cli, "--as-of-epoch", str(epoch - 1), "--key", "7"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    count = sum(1 for i in range(2 * epoch * PER_EPOCH) if i % KEYS == 7)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"computed from checkpoint {want} of the run" in proc.stdout and f'"7": {count}' in proc.stdout, proc.stdout
