@@ -244,8 +244,8 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
 def _restore_checkpoint(host: _Host, ops: list) -> None:
     """Brings `ops` back to an abs checkpoint of a run: keyed state as of the checkpoint's seq
     from (copies of) the run's stores, the rest (source positions, frontiers, watermarks,
-    window bookkeeping) from its metadata. An operator the checkpoint does not name (its
-    stage's instance never got the barrier) starts empty."""
+    window and join bookkeeping) from its metadata. An operator the checkpoint does not
+    name (inside a loop, which holds nothing between two batches) starts as built."""
     import lsm
 
     r = host.spec["restore"]

@@ -238,9 +238,12 @@ def test_resume_after_the_driver_is_killed(tmp_path):
 def test_damaged_checkpoint_falls_back_to_the_one_before(tmp_path):
     from nosync import checkpoints
 
-    records, keys = 4_000_000, 50_000
+    # checkpoint 2 completes about 2 s in; the input lasts 5 s or more (6M records at the
+    # fastest rate seen, 1.1M/s), so the kill falls inside it (at 2.5 s between checkpoints
+    # and 4M records, a fresh-clone run once read its whole input before checkpoint 2)
+    records, keys = 6_000_000, 50_000
     run_dir, out = tmp_path / "run", tmp_path / "out"
-    proc = start_run(run_dir, "--checkpoint-ms", "2500", records=records, keys=keys, out=out)
+    proc = start_run(run_dir, "--checkpoint-ms", "1000", records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
     try:
         done = wait_event(
@@ -264,6 +267,8 @@ def test_damaged_checkpoint_falls_back_to_the_one_before(tmp_path):
     events.poll()
     before = [e["checkpoint"] for e in events.seen if e["event"] == "checkpoint_completed" and e["t"] < killed]
     assert max(before) == done["checkpoint"], "a newer checkpoint completed before the kill: no fallback to test"
+    ended = [e["t"] for e in events.seen if e["event"] == "finished"]
+    assert not ended or ended[0] > killed, "the run ended before the kill: no fallback to test"
     fallbacks = [e for e in events.seen if e["event"] == "checkpoint_fallback"]
     assert fallbacks and path in fallbacks[0]["error"] and "checksum" in fallbacks[0]["error"]
     restore = [e for e in events.seen if e["event"] == "restore"][-1]
