@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 
 import click
 
@@ -52,7 +53,7 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
     from nosync.batch import keyed_state
     from nosync.errors import NosyncError, PipelineError, RunFailed
     from nosync.loader import load_pipeline
-    from nosync.rewind import start_point
+    from nosync.rewind import choose_start
 
     meta_path = os.path.join(run_dir, "run.json")
     if not os.path.isfile(meta_path):
@@ -67,12 +68,12 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
             err=True,
         )
         sys.exit(2)
-    scratch = os.path.join(run_dir, "state-query")
+    scratch = tempfile.mkdtemp(prefix="nosync-state-")
     try:
         pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
-        start = start_point(
-            run_dir, run, pipeline, None if as_of_epoch is None else as_of_epoch + 1, scratch, restore_from
-        )
+        # a checkpoint whose cut lies before epoch E begins (not only before it ends): the
+        # sources then read at least epoch E's end, so every task of every stage runs
+        start = choose_start(run_dir, run, pipeline, as_of_epoch, os.path.join(scratch, "start"), restore_from)
         state = keyed_state(
             run["pipeline_file"],
             run.get("params") or {},
@@ -91,7 +92,7 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
         click.echo(f"error: {e}", err=True)
         sys.exit(1 if isinstance(e, RunFailed) else 2)
     finally:
-        shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     state.sort(key=lambda kv: encode_key(kv[0]))
     shown = state if not limit else state[:limit]
     if as_json:

@@ -237,7 +237,7 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
         # and the cone's new sinks (the cone's new operators take over at the rewind's epoch)
         _restore_checkpoint(host, [v[0] for v in inputs_of.values()])
     # what counts as committed: the sinks that write (in a rewind, the new cone's)
-    host.writers = [op for op in ops if isinstance(op, SinkOp) and (not rewind or inputs_of[op.node.id][-1] is op)]
+    host.writers = [op for op in ops if isinstance(op, SinkOp) and (not rewind or op.node.id in cone)]
     return ops, by_id
 
 
@@ -256,7 +256,7 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
         if meta is None:
             continue
         path = os.path.join(r["state_dir"], f"w{host.index}", op.name)
-        if hasattr(op, "take_updates") and meta.get("keyed_state") is not False:
+        if hasattr(op, "take_updates"):
             if not os.path.isdir(path):
                 raise NosyncError(
                     f"checkpoint {c} holds keyed state of operator '{op.name}' of worker {host.index}, but its "
@@ -264,6 +264,11 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
                 )
             store = lsm.Store(path, retention=r["retention"], compact_every_updates=0)
             try:
+                if store.last_seq < c:
+                    raise NosyncError(
+                        f"the snapshot of checkpoint {c} of operator '{op.name}' of worker {host.index} is missing "
+                        f"from its store (a copy of the run's, at {path}, ends at seq {store.last_seq})"
+                    )
                 op.restore_keyed(store.scan(as_of=c))
             finally:
                 store.close()
@@ -457,7 +462,7 @@ def keyed_state(
 ) -> list[tuple[Any, Any]]:
     """(key, state) of every key of keyed operator `operator` at the end of epoch
     `until_epoch` (None: all the input), recomputed by batch jobs; only those of `keys`, if
-    given. `restore`: a checkpoint of the run to start from (`rewind.start_point`)."""
+    given. `restore`: a checkpoint of the run to start from (`rewind.choose_start`)."""
     extra = {"state_of": {"operator": operator, "keys": keys}, "until_epoch": until_epoch}
     if restore is not None:
         extra["restore"] = restore

@@ -131,7 +131,7 @@ def body(pipeline: str, checkpoint: int, workers: dict[int, Any], extra: dict | 
     return {"format": FORMAT, "pipeline": pipeline, "checkpoint": checkpoint, "workers": workers, **(extra or {})}
 
 
-def cut(body: dict) -> tuple[int, int, int]:
+def find_cut(body: dict) -> tuple[int, int, int]:
     """Where a checkpoint's cut lies in the input: the most records read from one source
     partition, the greatest epoch a source was in, and the records read in all (source
     instances are the operators whose metadata names partitions)."""
@@ -145,7 +145,7 @@ def cut(body: dict) -> tuple[int, int, int]:
     return most, epoch, total
 
 
-def first_epoch(body: dict, epoch_records: int) -> int:
+def find_first_epoch(body: dict, epoch_records: int) -> int:
     """The first epoch a rewind can start from this checkpoint: the first that begins at or
     after its cut."""
-    return -(-cut(body)[0] // epoch_records)
+    return -(-find_cut(body)[0] // epoch_records)

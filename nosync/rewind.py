@@ -9,19 +9,20 @@ frontiers and watermarks and run on. Operators outside the cone run the original
 throughout. Only the cone's sinks write, into the new output, which holds a whole output of
 one execution that `nosync diff` compares with the run's.
 
-Where the jobs start (`restore_from`):
-- "checkpoint" (the default for a run in mode abs): the latest retained checkpoint of the
-  run whose cut lies at or before the start of epoch E, said explicitly. Its keyed state is
-  read from copies of the run's stores as of the checkpoint's seq, its positions and
-  frontiers from its metadata; the sources read only what follows its cut. The new output
-  starts with the run's output committed up to that checkpoint (its files carry the
-  checkpoint in their names), and the jobs write what follows. The window is what the run
-  retained: `abs.KEEP_FILES` checkpoint files, and store versions back `abs.RETENTION`
-  checkpoints. With no retained checkpoint at or before E, "auto" recomputes from the
-  sources and says so; "checkpoint" refuses.
-- "sources" (the default for the other modes): the jobs read the sources from the start.
-  Every epoch the sources can read again can be rewound to. Mode nosync keeps no global
-  cut to start from: each worker's snapshots are its own, consistent only through the
+Where the jobs start (`restore_from`; "auto", the default, takes a checkpoint when there is
+one to take):
+- "checkpoint": for a run in mode abs, the latest retained checkpoint of the run whose cut
+  lies at or before the start of epoch E, said explicitly. Its keyed state is read from
+  copies of the run's stores as of the checkpoint's seq, its positions and frontiers from its
+  metadata; the sources read only what follows its cut. The new output starts with the run's
+  output committed up to that checkpoint (its files carry the checkpoint in their names), and
+  the jobs write what follows. The window is what the run retained: `abs.KEEP_FILES`
+  checkpoint files, and store versions back `abs.RETENTION` checkpoints. With no usable
+  checkpoint at or before E, "auto" recomputes from the sources and says why; "checkpoint"
+  refuses.
+- "sources" (what "auto" takes for the other modes): the jobs read the sources from the
+  start. Every epoch the sources can read again can be rewound to. Mode nosync keeps no
+  global cut to start from: each worker's snapshots are its own, consistent only through the
   replay of the lineage logged after them, which a batch job does not do.
 
 What "epoch" means for an output. The batch jobs process epochs in order, so what they emit
@@ -42,12 +43,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from typing import Any
 
 from lineage import rewind_plan
+from lsm import LsmError
 from nosync import checkpoints, sinks
 from nosync.errors import NosyncError, PipelineError
 from nosync.loader import load_pipeline
@@ -55,8 +56,13 @@ from nosync.pipeline import Pipeline
 
 RESTORE_FROM = ("auto", "checkpoint", "sources")
 
+
+def _check_restore_from(value: str) -> None:
+    if value not in RESTORE_FROM:
+        raise NosyncError(f"--restore-from must be one of {', '.join(RESTORE_FROM)}, got '{value}'")
+
+
 FUNCTION_PARAMS = ("fn", "add", "init", "keep", "time", "key")
-_PART = re.compile(r"^part-(\d+)-w\d+")
 
 
 def _code(f: Any) -> Any:
@@ -103,29 +109,37 @@ def check_compatible(old: Pipeline, new: Pipeline, cone: set[str]) -> None:
 def _committed_epochs(directory: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
-    return sorted({int(m.group(1)) for n in os.listdir(directory) if (m := _PART.match(n))})
+    return sorted({int(m.group(1)) for n in os.listdir(directory) if (m := sinks.PART_NAME.match(n))})
 
 
-def checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int | None, per_epoch: int) -> dict:
-    """The newest retained checkpoint of an abs run whose cut lies at or before the start of
-    epoch `to_epoch` (no source partition read a record of it; None: any), as {"checkpoint",
-    "path", "body", "epoch", "records"}; {"checkpoint": -1, ...} if there is none. A
-    checkpoint that left an operator's keyed state out (its input had ended) is passed over.
-    Also lists the retained ids and the damaged files skipped."""
-    ids = checkpoints.completed(run_dir)
-    found: dict = {"checkpoint": -1, "retained": ids, "skipped": []}
-    for c in reversed(ids):
+def iter_usable_checkpoints(run_dir: str, pipeline_name: str, per_epoch: int, skipped: list | None = None) -> Any:
+    """(id, path, body, first epoch) of each retained checkpoint of an abs run that batch jobs
+    can start from, newest first. One that left an operator's keyed state out (its input had
+    ended before the barrier) is passed over; a damaged file too, its error appended to
+    `skipped`. The first epoch is the first that begins at or after the checkpoint's cut."""
+    for c in reversed(checkpoints.completed(run_dir)):
         path = checkpoints.path_of(run_dir, c)
         try:
             body = checkpoints.read(path)
         except checkpoints.CheckpointError as e:
-            found["skipped"].append(str(e))
+            if skipped is not None:
+                skipped.append(str(e))
             continue
-        if body.get("pipeline") != pipeline.name:
-            raise NosyncError(f"{path} is a checkpoint of pipeline '{body.get('pipeline')}', not '{pipeline.name}'")
-        whole = all(m.get("keyed_state") is not False for w in body["workers"].values() for m in w["ops"].values())
-        if whole and (to_epoch is None or checkpoints.first_epoch(body, per_epoch) <= to_epoch):
-            _, epoch, total = checkpoints.cut(body)
+        if body.get("pipeline") != pipeline_name:
+            raise NosyncError(f"{path} is a checkpoint of pipeline '{body.get('pipeline')}', not '{pipeline_name}'")
+        if all(m.get("keyed_state") is not False for w in body["workers"].values() for m in w["ops"].values()):
+            yield c, path, body, checkpoints.find_first_epoch(body, per_epoch)
+
+
+def find_checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int | None, per_epoch: int) -> dict:
+    """The newest usable checkpoint of an abs run whose cut lies at or before the start of
+    epoch `to_epoch` (no source partition read a record of it; None: any), as {"checkpoint",
+    "path", "body", "epoch", "records"}; {"checkpoint": -1, ...} if there is none. Also lists
+    the retained ids and the damaged files skipped."""
+    found: dict = {"checkpoint": -1, "retained": checkpoints.completed(run_dir), "skipped": []}
+    for c, path, body, first in iter_usable_checkpoints(run_dir, pipeline.name, per_epoch, found["skipped"]):
+        if to_epoch is None or first <= to_epoch:
+            _, epoch, total = checkpoints.find_cut(body)
             return {**found, "checkpoint": c, "path": path, "body": body, "epoch": epoch, "records": total}
     return found
 
@@ -159,9 +173,23 @@ def _stores_hold(state_dir: str, c: int) -> str | None:
         return next((why for why in pool.map(check, paths) if why is not None), None)
 
 
+def _carry_blocker(old: Pipeline, new: Pipeline, cone: set[str]) -> str | None:
+    """Why the new output cannot start with the run's output up to a checkpoint, or None: a
+    cone sink of the run that keeps no files per checkpoint, or a Files sink of the run whose
+    counterpart in the new pipeline is not one."""
+    for a, b in zip(old.nodes, new.nodes, strict=True):
+        if a.kind != "sink" or a.name not in cone or isinstance(a.params["sink"], sinks.Null):
+            continue
+        if not isinstance(a.params["sink"], sinks.Files):
+            return f"sink '{a.name}' keeps no output files per checkpoint to start the new output from"
+        if not isinstance(b.params["sink"], sinks.Files):
+            return f"sink '{a.name}' writes files in the run but not in the new pipeline: the run's cannot be carried"
+    return None
+
+
 def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], c: int) -> int:
-    """Copies the run's output files committed up to checkpoint `c` by the cone's sinks into
-    the new output; returns how many."""
+    """Copies the run's output files committed up to checkpoint `c` by the cone's Files sinks
+    into the new output; returns how many."""
     n = 0
     for a, b in zip(old.nodes, new.nodes, strict=True):
         if a.kind != "sink" or a.name not in cone or not isinstance(a.params["sink"], sinks.Files):
@@ -176,7 +204,7 @@ def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], c: int) -> int:
     return n
 
 
-def start_point(
+def choose_start(
     run_dir: str,
     run: dict,
     pipeline: Pipeline,
@@ -194,8 +222,7 @@ def start_point(
     from nosync.batch import DEFAULT_EPOCH_RECORDS
     from nosync.modes.abs import RETENTION
 
-    if restore_from not in RESTORE_FROM:
-        raise NosyncError(f"--restore-from must be one of {', '.join(RESTORE_FROM)}, got '{restore_from}'")
+    _check_restore_from(restore_from)
     mode = run.get("mode")
     if restore_from == "checkpoint" and mode != "abs":
         raise NosyncError(
@@ -206,7 +233,7 @@ def start_point(
     if mode != "abs" or restore_from == "sources":
         return none
     per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
-    point = checkpoint_before(run_dir, pipeline, epoch, per_epoch)
+    point = find_checkpoint_before(run_dir, pipeline, epoch, per_epoch)
     kept = point["retained"]
     where = "at the end of the input" if epoch is None else f"at or before epoch {epoch}"
     why_not = blocker
@@ -215,12 +242,15 @@ def start_point(
             f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)"
         )
     if why_not is None:
-        os.makedirs(scratch, exist_ok=True)
         state = os.path.join(run_dir, "state")
         copy = os.path.join(scratch, "state")
         if os.path.isdir(state):
-            shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
-            why_not = _stores_hold(copy, point["checkpoint"])
+            try:
+                shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
+                why_not = _stores_hold(copy, point["checkpoint"])
+            except (OSError, LsmError) as e:
+                shutil.rmtree(copy, ignore_errors=True)
+                raise NosyncError(f"the stores of {run_dir} cannot be read: {e}") from None
             if why_not is not None:
                 shutil.rmtree(copy)
     if why_not is not None:
@@ -228,6 +258,7 @@ def start_point(
             what = "the end of the input" if epoch is None else f"epoch {epoch}"
             raise NosyncError(f"{what} is outside the run's checkpoint window: {why_not}")
         return {**none, "why_not": why_not}
+    os.makedirs(scratch, exist_ok=True)
     chk = os.path.join(scratch, os.path.basename(point["path"]))
     shutil.copy2(point["path"], chk)
     restore = {
@@ -251,10 +282,8 @@ def rewind(
 ) -> dict:
     """Rewinds `operator` of the run in `run_dir` to just before epoch `to_epoch`; returns
     what it did. `restore_from`: "auto", "checkpoint" or "sources" (module docstring)."""
-    from nosync.batch import _run
 
-    if restore_from not in RESTORE_FROM:
-        raise NosyncError(f"--restore-from must be one of {', '.join(RESTORE_FROM)}, got '{restore_from}'")
+    _check_restore_from(restore_from)
 
     meta_path = os.path.join(run_dir, "run.json")
     if not os.path.isfile(meta_path):
@@ -300,20 +329,52 @@ def rewind(
     )
     if last is not None and to_epoch > last:
         raise NosyncError(f"epoch {to_epoch} is outside the run: its last committed epoch is {last}")
-    mode = run.get("mode")
-    other = [a.name for a in old.nodes if a.kind == "sink" and a.name in cone]
-    other = [n for n in other if not isinstance(old.node(n).params["sink"], (sinks.Files, sinks.Null))]
+    olds = {getattr(a.params["sink"], "directory", None) for a in old.nodes if a.kind == "sink"} - {None}
+    for _, b in cone_sinks:
+        d = getattr(b.params["sink"], "directory", None)
+        if d is not None and os.path.abspath(d) in {os.path.abspath(x) for x in olds}:
+            raise PipelineError(
+                f"sink '{b.name}' of the new pipeline writes to {d}, an output of the run: a rewind writes a new "
+                "output (take the sink's directory from the parameter `output`)",
+                b.name,
+                b.where,
+            )
     scratch = os.path.join(output, "_rewind")
+    made = not os.path.exists(output)
     t0 = time.time()
-    point = start_point(
-        run_dir,
-        run,
-        old,
-        to_epoch,
-        scratch,
-        restore_from,
-        f"sink '{other[0]}' keeps no output files per checkpoint to start the new output from" if other else None,
-    )
+    job = {"operator": operator, "new_file": new_file, "new_params": new_params, "cone": cone, "to_epoch": to_epoch}
+    try:
+        return _rewind(run_dir, run, old, new, job, output, scratch, restore_from, spark, master, t0)
+    except BaseException:
+        # the output was new or empty: nothing half-written stays to refuse a retry
+        shutil.rmtree(output, ignore_errors=True)
+        if not made:
+            os.makedirs(output, exist_ok=True)
+        raise
+    finally:
+        shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
+
+
+def _rewind(
+    run_dir: str,
+    run: dict,
+    old: Pipeline,
+    new: Pipeline,
+    job: dict,
+    output: str,
+    scratch: str,
+    restore_from: str,
+    spark: Any,
+    master: str | None,
+    t0: float,
+) -> dict:
+    """The rewind once its input is checked (`job`: the operator, the new pipeline's file and
+    parameters, the cone and the epoch)."""
+    from nosync.batch import _run
+
+    mode = run.get("mode")
+    cone, to_epoch = job["cone"], job["to_epoch"]
+    point = choose_start(run_dir, run, old, to_epoch, scratch, restore_from, _carry_blocker(old, new, cone))
     why_not = point["why_not"]
     os.makedirs(output, exist_ok=True)
     extra: dict = {
@@ -321,7 +382,7 @@ def rewind(
             "cone": [n.id for n in old.nodes if n.name in cone],
             "epoch": to_epoch,
             "pipeline_file": run["pipeline_file"],
-            "params": params,
+            "params": dict(run.get("params") or {}),
         }
     }
     c = point["checkpoint"]
@@ -329,11 +390,13 @@ def rewind(
     if c >= 0:
         extra["restore"] = point["restore"]
         carried = _carry_output(old, new, cone, c)
+        # per Files sink of the cone: what it had committed at the barrier, and its
+        # pre-commits up to c, which checkpoint c's completion committed
         carried_records = sum(
             int(meta["committed"]) + sum(int(h["records"]) for cc, h in meta["precommitted"] if cc <= c)
             for w in point["body"]["workers"].values()
             for name, meta in w["ops"].items()
-            if name in cone and old.node(name).kind == "sink"
+            if name in cone and isinstance(old.node(name).params.get("sink"), sinks.Files)
         )
         restored = (
             f"checkpoint {c} of the run, the latest retained at or before epoch {to_epoch} (its cut lies in "
@@ -345,8 +408,8 @@ def rewind(
     else:
         restored = "recomputed from the sources by batch jobs (no checkpoint or log of the run is read)"
     r, _ = _run(
-        new_file,
-        new_params,
+        job["new_file"],
+        job["new_params"],
         int(run["workers"]),
         spark,
         master,
@@ -355,15 +418,14 @@ def rewind(
         scratch,
         extra,
     )
-    shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
     out = {
         "run_dir": os.path.abspath(run_dir),
         "mode": mode,
-        "operator": operator,
+        "operator": job["operator"],
         "to_epoch": to_epoch,
         "cone": sorted(cone),
-        "pipeline_file": new_file,
-        "changed": new_file != os.path.abspath(run["pipeline_file"]),
+        "pipeline_file": job["new_file"],
+        "changed": job["new_file"] != os.path.abspath(run["pipeline_file"]),
         "output": output,
         "restored": restored,
         "checkpoint": c if c >= 0 else None,

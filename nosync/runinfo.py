@@ -11,7 +11,6 @@ import re
 from typing import Any
 
 from lsm.files import tree_bytes
-from nosync import checkpoints as chk
 from nosync.errors import NosyncError
 
 TIERS = ("log", "disk", "remote")
@@ -123,16 +122,17 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             else None,
         }
         if on_disk and not run.get("epoch_ms"):
-            # the first epoch `rewind` can start from a retained checkpoint
-            first = None
-            for name in on_disk:
-                try:
-                    body = chk.read(os.path.join(run_dir, "checkpoints", name))
-                except chk.CheckpointError:
-                    continue
-                e = chk.first_epoch(body, int(run.get("epoch_records") or 10_000))
-                first = e if first is None else min(first, e)
-            info["checkpoints"]["rewind_from_epoch"] = first
+            # the first epoch `rewind` can start from a retained checkpoint (if its stores
+            # still hold that checkpoint's versions: they keep the last abs.RETENTION)
+            from nosync.batch import DEFAULT_EPOCH_RECORDS
+            from nosync.rewind import iter_usable_checkpoints
+
+            per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+            try:
+                firsts = [first for *_, first in iter_usable_checkpoints(run_dir, run.get("pipeline"), per_epoch)]
+            except NosyncError:
+                firsts = []  # checkpoints of another pipeline: none to start from
+            info["checkpoints"]["rewind_from_epoch"] = min(firsts, default=None)
     stores = _stores(run_dir)
     if open_stores:
         for s in stores:

@@ -52,7 +52,9 @@ RETENTION = 64
 """Checkpoint ids each keyed store keeps versions of: a rollback may go this far back."""
 KEEP_FILES = RETENTION
 """Completed checkpoint files kept in the run directory: the newest, the fallbacks behind it,
-and what `nosync rewind` can start from (as many as the stores keep versions of)."""
+and what `nosync rewind` can start from. As many as the stores keep versions of; with
+aborted checkpoints between them, the oldest files can name versions already compacted,
+which `rewind` finds out and says."""
 
 
 def state_path(run_dir: str, worker: int, operator: str) -> str:

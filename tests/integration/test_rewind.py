@@ -39,7 +39,7 @@ from nosync.batch import keyed_state
 from nosync.diff import diff_outputs
 from nosync.errors import NosyncError, PipelineError
 from nosync.loader import load_pipeline
-from nosync.rewind import check_compatible, rewind, start_point
+from nosync.rewind import check_compatible, choose_start, rewind
 from nosync.runinfo import inspect_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,8 +160,34 @@ def test_rewind_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, origin
     assert r["checkpoint"] == want and r["changed"]
     assert committed_pairs(str(new)) == expected_pairs(epoch, ABS_RECORDS)
     assert listing(run_dir) == before, "the rewind changed the run directory"
-    # inspect names the first epoch a checkpoint can be rewound to: the first one after a cut
-    assert inspect_run(str(run_dir))["checkpoints"]["rewind_from_epoch"] == min(-(-m // PER_EPOCH) for _, m, _ in cs)
+    assert not os.path.exists(tmp_path / "same" / "_rewind" / "state"), "the copies of the stores stayed"
+
+
+def test_inspect_names_the_first_epoch_a_checkpoint_can_start(tmp_path, original_abs):
+    run_dir, _ = original_abs
+    first = inspect_run(str(run_dir))["checkpoints"]["rewind_from_epoch"]
+    with open(run_dir / "run.json", encoding="utf-8") as f:
+        run = json.load(f)
+    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    assert choose_start(str(run_dir), run, pipeline, first, str(tmp_path / "a"), "checkpoint")["checkpoint"] >= 1
+    with pytest.raises(NosyncError, match=f"epoch {first - 1} is outside the run's checkpoint window"):
+        choose_start(str(run_dir), run, pipeline, first - 1, str(tmp_path / "b"), "checkpoint")
+    assert not os.path.exists(tmp_path / "b")
+
+
+def test_a_new_sink_that_cannot_carry_the_runs_files_is_refused(spark, tmp_path, original_abs):
+    run_dir, _ = original_abs
+    with pytest.raises(NosyncError, match="sink 'sink_1' writes files in the run but not in the new pipeline"):
+        rewind(
+            str(run_dir),
+            "aggregate_1",
+            20,
+            pipeline_file=os.path.join(PIPELINES, "keyed_count_console.py"),
+            output=str(tmp_path / "c"),
+            spark=spark,
+            restore_from="checkpoint",
+        )
+    assert not os.path.exists(tmp_path / "c"), "a refused rewind left its output behind"
 
 
 def test_rewind_of_an_abs_run_before_its_first_checkpoint(spark, tmp_path, original_abs):
@@ -224,29 +250,30 @@ def test_a_change_outside_the_cone_is_refused():
 
 def test_state_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, original_abs):
     """The count of key k at the end of epoch e counts the records i < 2 (e + 1) PER_EPOCH
-    with i % KEYS == k (see expected_pairs)."""
+    with i % KEYS == k (see expected_pairs). The state at the end of epoch e starts from the
+    newest checkpoint whose cut lies before epoch e begins."""
     run_dir, _ = original_abs
     want, _, epoch = checkpoint_and_epoch(cuts(run_dir))
     with open(run_dir / "run.json", encoding="utf-8") as f:
         run = json.load(f)
     pipeline = load_pipeline(run["pipeline_file"], run["params"])
-    start = start_point(str(run_dir), run, pipeline, epoch, str(tmp_path / "q"))
+    start = choose_start(str(run_dir), run, pipeline, epoch, str(tmp_path / "q"))
     assert start["checkpoint"] == want
     got = keyed_state(
         run["pipeline_file"],
         run["params"],
         "aggregate_1",
         epoch_records=PER_EPOCH,
-        until_epoch=epoch - 1,
+        until_epoch=epoch,
         spark=spark,
         run_dir=str(tmp_path / "q"),
         restore=start["restore"],
     )
-    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(2 * epoch * PER_EPOCH)))
+    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
     cli = [sys.executable, "-m", "cli.main", "state", str(run_dir), "--operator", "aggregate_1"]
     proc = subprocess.run(
-        [*cli, "--as-of-epoch", str(epoch - 1), "--key", "7"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [*cli, "--as-of-epoch", str(epoch), "--key", "7"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
-    count = sum(1 for i in range(2 * epoch * PER_EPOCH) if i % KEYS == 7)
+    count = sum(1 for i in range(2 * (epoch + 1) * PER_EPOCH) if i % KEYS == 7)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"computed from checkpoint {want} of the run" in proc.stdout and f'"7": {count}' in proc.stdout, proc.stdout
