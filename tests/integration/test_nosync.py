@@ -113,7 +113,10 @@ def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
     proc = keyed_count(run_dir, "--max-output-log-mb", "1", records=records, keys=keys, out=out)
     events = Events(str(run_dir / "events.jsonl"))
     try:
-        safe_points(events, proc, 8)
+        # a safe point at epoch 30 (600k of the 5M records): the survivor's progress samples,
+        # which lag its reading, show it reading before the kill (at epoch 8, a fresh-clone run
+        # on a fast day was killed 0.6 s in, before any sample showed a record read)
+        safe_points(events, proc, 30)
         os.kill(events.pid_of(1), signal.SIGKILL)
         killed = time.time()
         back = wait_event(events, proc, lambda e: e["event"] == "recovered", 180, "the recovery")
