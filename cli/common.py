@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import click
 
@@ -38,3 +38,16 @@ def spark_output_to(path: str) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(fd)
+
+
+def restore_from_option(help: str) -> Callable:
+    """`--restore-from auto|checkpoint|sources`, shared by `rewind` and `state` (the values of
+    `nosync.rewind.RESTORE_FROM`, not imported here to keep the CLI's start-up light)."""
+    return click.option(
+        "--restore-from",
+        "restore_from",
+        type=click.Choice(["auto", "checkpoint", "sources"]),
+        default="auto",
+        show_default=True,
+        help=help,
+    )

@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from cli.common import restore_from_option
+
 
 @click.command("rewind")
 @click.argument("run_dir", type=click.Path())
@@ -20,14 +22,9 @@ import click
     help="A changed pipeline.",
 )
 @click.option("--output", default=None, help="Where the new output goes (default: RUN_DIR-rewind-OPERATOR-eE).")
-@click.option(
-    "--restore-from",
-    "restore_from",
-    type=click.Choice(["auto", "checkpoint", "sources"]),
-    default="auto",
-    show_default=True,
-    help="Where the state before the epoch comes from: a retained checkpoint of the run (mode abs), or a "
-    "recomputation from the sources; auto takes the checkpoint when there is one.",
+@restore_from_option(
+    "Where the state before the epoch comes from: a retained checkpoint of the run (mode abs), or a "
+    "recomputation from the sources; auto takes the checkpoint when there is one."
 )
 @click.option("--master", default=None, help="Spark master (default: embedded).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")

@@ -10,6 +10,8 @@ import tempfile
 
 import click
 
+from cli.common import restore_from_option
+
 
 def _candidates(text: str) -> list:
     """`--key 5` may mean the int 5 or the string "5": both are looked up, the JSON reading first."""
@@ -34,14 +36,9 @@ def _candidates(text: str) -> list:
     "--as-of-epoch", type=click.IntRange(min=0), default=None, help="At the end of this epoch (default: all)."
 )
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Keys shown (0: all).")
-@click.option(
-    "--restore-from",
-    "restore_from",
-    type=click.Choice(["auto", "checkpoint", "sources"]),
-    default="auto",
-    show_default=True,
-    help="Start from a retained checkpoint of the run (mode abs), or recompute from the sources; auto takes "
-    "the checkpoint when there is one.",
+@restore_from_option(
+    "Start from a retained checkpoint of the run (mode abs), or recompute from the sources; auto takes "
+    "the checkpoint when there is one."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print (key, state) pairs as JSON lines.")
 def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json) -> None:
