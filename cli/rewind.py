@@ -23,8 +23,9 @@ from cli.common import restore_from_option
 )
 @click.option("--output", default=None, help="Where the new output goes (default: RUN_DIR-rewind-OPERATOR-eE).")
 @restore_from_option(
-    "Where the state before the epoch comes from: a retained checkpoint of the run (mode abs), or a "
-    "recomputation from the sources; auto takes the checkpoint when there is one."
+    "Where the state before the epoch comes from: the run's own state (a retained checkpoint in mode abs, "
+    "a consistent cut of the workers' retained snapshots in mode nosync), or a recomputation from the "
+    "sources; auto takes the run's state when it has some to start from."
 )
 @click.option("--master", default=None, help="Spark master (default: embedded).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
@@ -64,7 +65,7 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from,
             f"note       a run in mode {r['mode']} tags output with the greatest epoch an instance has seen: compare "
             "the outputs as wholes; epoch by epoch they can differ at epoch boundaries"
         )
-    carried = f" ({r['records_carried']:,} carried from the run)" if r["checkpoint"] is not None else ""
+    carried = f" ({r['records_carried']:,} carried from the run)" if r["start"] != "sources" else ""
     click.echo(
         f"records    read {r['records_read']:,}, committed {r['records_committed']:,}{carried}, in {r['seconds']:.1f}s"
     )

@@ -37,15 +37,17 @@ def _candidates(text: str) -> list:
 )
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Keys shown (0: all).")
 @restore_from_option(
-    "Start from a retained checkpoint of the run (mode abs), or recompute from the sources; auto takes "
-    "the checkpoint when there is one."
+    "Start from the run's own state (a retained checkpoint in mode abs, a consistent cut of the workers' "
+    "retained snapshots in mode nosync), or recompute from the sources; auto takes the run's state when "
+    "it has some to start from."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print (key, state) pairs as JSON lines.")
 def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json) -> None:
     """Show the keyed state of OPERATOR in the run RUN_DIR at the end of an epoch. The state is
     computed by Spark batch jobs running the pipeline's own operators over the run's input:
-    from the latest retained checkpoint before that epoch's end for a run in mode abs, else
-    from the start of the sources. It is the same under every mode."""
+    from the latest retained checkpoint before that epoch for a run in mode abs, from a
+    consistent cut of the workers' snapshots for one in mode nosync, else from the start of
+    the sources. It is the same under every mode."""
     from lsm.keys import encode_key
     from nosync.batch import keyed_state
     from nosync.errors import NosyncError, PipelineError, RunFailed
@@ -97,8 +99,8 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
             click.echo(json.dumps([k, v], default=str))
         return
     at = "the end of the input" if as_of_epoch is None else f"the end of epoch {as_of_epoch}"
-    if start["checkpoint"] >= 0:
-        frm = f"from checkpoint {start['checkpoint']} of the run, {start['records']:,} records before its cut"
+    if start["restore"] is not None:
+        frm = f"from {start['start']}, {start['records']:,} records before it"
     else:
         frm = "from the start of the sources" + (f" ({start['why_not']})" if start["why_not"] else "")
     click.echo(f"{operator}: {len(state):,} keys at {at}, computed {frm}")

@@ -14,6 +14,7 @@ identical and no survivor rolls back; its consumers check re-produced frames by 
 - `recovery_plan`: per failed process, where it restores, what it replays, which frames its
   upstreams resend and from which chan_seq its downstreams check fingerprints;
 - `rewind_plan`: the downstream cone of an operator and the step each instance restarts at;
+- `consistent_cut`: the newest snapshots of all processes that agree on every link (a rewind's start);
 - `LineageLog`: a process's own entries on disk, checksummed, torn tail cut on open.
 
 The package computes plans; the runtime executes them.
@@ -29,6 +30,7 @@ from lineage.plan import (
     RecoveryPlan,
     RewindPlan,
     Stash,
+    consistent_cut,
     merge_lineage,
     recovery_plan,
     rewind_plan,
@@ -46,6 +48,7 @@ __all__ = [
     "RecoveryPlan",
     "RewindPlan",
     "Stash",
+    "consistent_cut",
     "merge_lineage",
     "recovery_plan",
     "rewind_plan",

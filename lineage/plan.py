@@ -16,7 +16,8 @@ the survivors' stashes the entries after that point (`merge_lineage`: only the g
 counts, a step missing means everything after it is unknown), and says which frames the
 upstream output logs must resend and from which chan_seq the downstream consumers must check
 re-produced frames by fingerprint. `safe_point` is the epoch sinks may commit; `rewind_plan`
-finds the operators and the steps a rewind to an epoch starts from.
+finds the operators and the steps a rewind to an epoch starts from; `consistent_cut` picks,
+from each process's own snapshots, a set that a rewind can start from together.
 
 Everything here is pure logic over plain values (ints, tuples, dicts): entries that went
 through msgpack come back as lists and are normalised to tuples on the way in.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import msgpack
@@ -333,3 +334,59 @@ def rewind_plan(
             first = min(((int(e), int(s)) for e, s in starts if e >= epoch), default=None)
             start[(op, instance)] = first[1] if first is not None else None
     return {"cone": sorted(cone), "start": start}
+
+
+def consistent_cut(
+    snapshots: Mapping[int, Sequence[Mapping[str, Any]]],
+    unreadable: Callable[[int, int, int, int, int], int | None] | None = None,
+) -> dict[int, int] | None:
+    """The newest consistent cut of the processes' own snapshots, or None if there is none.
+
+    `snapshots[p]` lists process p's candidate snapshots newest first, each a mapping with
+    `consumed` and `produced` as in `DurablePoint`. The cut is an index into each list such
+    that on every link (src, dst) the snapshot of dst consumed no frame that the snapshot of
+    src had not produced: consumed[src] of dst <= produced[dst] of src. The frames between are
+    in flight at the cut; `unreadable(src, index, dst, lo, hi)`, if given, returns the least
+    chan_seq in lo..hi of link (src, dst) that src's log cannot supply when src stands at
+    `snapshots[src][index]` (None: all can), and src then goes back to a snapshot that had not
+    produced it. A process goes back only as far as a link forces it, so each stands at its
+    newest snapshot that any consistent cut can use; None when one runs out of snapshots.
+    """
+    procs = sorted(snapshots)
+    seqs = {p: [(_seqs(s, "consumed"), _seqs(s, "produced")) for s in snapshots[p]] for p in procs}
+    if any(not seqs[p] for p in procs):
+        return None
+    pos = dict.fromkeys(procs, 0)
+
+    def consumed(dst: int, src: int) -> int:
+        return seqs[dst][pos[dst]][0].get(src, 0)
+
+    def produced(src: int, dst: int) -> int:
+        return seqs[src][pos[src]][1].get(dst, 0)
+
+    changed = True
+    while changed:
+        changed = False
+        for dst in procs:
+            for src in procs:
+                while src != dst and consumed(dst, src) > produced(src, dst):
+                    pos[dst] += 1
+                    changed = True
+                    if pos[dst] == len(seqs[dst]):
+                        return None
+        if changed or unreadable is None:
+            continue
+        for src in procs:
+            for dst in procs:
+                lo, hi = consumed(dst, src) + 1, produced(src, dst)
+                if src == dst or lo > hi:
+                    continue
+                q = unreadable(src, pos[src], dst, lo, hi)
+                if q is None:
+                    continue
+                while produced(src, dst) >= q:
+                    pos[src] += 1
+                    if pos[src] == len(seqs[src]):
+                        return None
+                changed = True
+    return pos

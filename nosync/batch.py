@@ -42,7 +42,7 @@ from typing import Any
 import msgpack
 
 from nosync import checkpoints, sinks
-from nosync.errors import NosyncError, PipelineError
+from nosync.errors import NosyncError, PipelineError, RunFailed
 from nosync.modes import WorkerHooks
 from nosync.operators import EOS, KeyedOp, SinkOp
 from nosync.pipeline import KEYED_KINDS, require_replayable
@@ -50,9 +50,10 @@ from nosync.plan import PhysicalPlan, plan
 from nosync.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
 
 SCHEMA = "dest int, edge int, src int, seq long, kind tinyint, epoch long, data binary"
-DATA, MARK, STATS, STATE = 0, 1, 2, 3
-"""Row kinds: records, a progress marker, one row per task of what it read and committed, and
-(key, state) pairs of the operator asked for (edge -1: no stage reads the last two)."""
+DATA, MARK, STATS, STATE, ERROR = 0, 1, 2, 3, 4
+"""Row kinds: records, a progress marker, one row per task of what it read and committed,
+(key, state) pairs of the operator asked for, and the error a task stopped on (edge -1: no
+stage reads the last three)."""
 DEFAULT_EPOCH_RECORDS = 10_000
 
 
@@ -235,10 +236,52 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
     if host.spec.get("restore") is not None:
         # the instances that run from the checkpoint on: in a rewind, the original pipeline's,
         # and the cone's new sinks (the cone's new operators take over at the rewind's epoch)
-        _restore_checkpoint(host, [v[0] for v in inputs_of.values()])
+        _restore(host, [v[0] for v in inputs_of.values()], p)
     # what counts as committed: the sinks that write (in a rewind, the new cone's)
     host.writers = [op for op in ops if isinstance(op, SinkOp) and (not rewind or op.node.id in cone)]
     return ops, by_id
+
+
+def _restore(host: _Host, ops: list, p: PhysicalPlan) -> None:
+    if host.spec["restore"].get("kind") == "nosync":
+        _restore_snapshot(host, ops, p)
+    else:
+        _restore_checkpoint(host, ops)
+    for op in ops:
+        if isinstance(op, SinkOp):
+            op.committed = 0  # what this job commits; the rewind counts the output it carries
+
+
+def _read_cut(path: str) -> dict:
+    with open(path, "rb") as f:
+        return msgpack.unpackb(f.read(), raw=False, use_list=False, strict_map_key=False)
+
+
+def _restore_snapshot(host: _Host, ops: list, p: PhysicalPlan) -> None:
+    """Brings `ops` back to worker `host.index`'s snapshot in a consistent cut of a nosync
+    run's snapshots (`rewind.find_snapshot_cut`): keyed state as of the snapshot's step from
+    (a copy of) the worker's store, the rest from the snapshot's metadata. The frames in
+    flight at the cut are stage 0's to emit (`_sources_task`)."""
+    import lsm
+    from nosync.modes.nosync import store_state
+
+    r = host.spec["restore"]
+    cut = _read_cut(r["cut"])
+    step = int(cut["steps"][host.index])
+    metas = cut["ops"][host.index]
+    index = {n.name: i for i, n in enumerate(p.pipeline.nodes)}
+    path = os.path.join(r["state_dir"], f"w{host.index}", "nosync")
+    store = lsm.Store(path, retention=1 << 62, compact_every_updates=0)
+    try:
+        for op in ops:
+            meta = metas.get(op.name)
+            if meta is None:
+                continue
+            if isinstance(op, KeyedOp):
+                store_state(store, index[op.name], op, step)
+            op.restore_meta(meta)
+    finally:
+        store.close()
 
 
 def _restore_checkpoint(host: _Host, ops: list) -> None:
@@ -273,8 +316,6 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
             finally:
                 store.close()
         op.restore_meta(meta)
-        if isinstance(op, SinkOp):
-            op.committed = 0  # what this job commits; the rewind counts the output it carries
 
 
 def _close(ops: list, host: _Host, s: int) -> None:
@@ -368,9 +409,32 @@ def _load(spec: dict) -> PhysicalPlan:
     return plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
 
 
+def _fail_fast(task: Any) -> Any:
+    """`task` with its error turned into an ERROR row, which the driver raises: a task that
+    raised would be retried by Spark as often as a streaming worker may be (`spark_host`)."""
+
+    def run(batches: Any) -> Any:
+        try:
+            yield from task(batches)
+        except Exception as e:
+            import traceback
+
+            last = traceback.extract_tb(e.__traceback__)[-1]
+            error = {
+                "type": type(e).__name__,
+                "message": str(e),
+                "at": f"{last.filename}:{last.lineno}",
+                "usage": isinstance(e, NosyncError) and not isinstance(e, RunFailed),
+            }
+            yield _rows_batch([(-1, -1, -1, 0, ERROR, 0, _pack(error))])
+
+    return run
+
+
 def _sources_task(spec: dict) -> Any:
     """Stage 0: mapInArrow over the task numbers 0..W-1."""
 
+    @_fail_fast
     def run(batches: Any) -> Any:
         p = _load(spec)
         stage = stages(p)
@@ -378,6 +442,10 @@ def _sources_task(spec: dict) -> Any:
             for w in batch.column(0).to_pylist():
                 host = _Host(int(w), spec["workers"], spec)
                 ops, _ = _task_graph(p, stage, 0, host)
+                restore = spec.get("restore")
+                if restore is not None and restore.get("kind") == "nosync":
+                    # what this worker had sent that its receivers had not consumed at the cut
+                    host.rows.extend(tuple(row) for row in _read_cut(restore["cut"])["inflight"].get(host.index, ()))
                 sources = [op for op in ops if isinstance(op, SourceOp)]
                 until = spec.get("until_epoch")
                 busy = True
@@ -397,6 +465,7 @@ def _sources_task(spec: dict) -> Any:
 def _stage_task(spec: dict, s: int) -> Any:
     """Stage s > 0: the rows of one or more destinations, sorted, fed to their operators."""
 
+    @_fail_fast
     def run(batches: Any) -> Any:
         p = _load(spec)
         stage = stages(p)
@@ -575,6 +644,10 @@ def _run(
             if kind == STATS:
                 for k, v in _unpack(data).items():
                     totals[k] += v
+            elif kind == ERROR:
+                e = _unpack(data)
+                what = f"stage {s} of the batch jobs: {e['type']}: {e['message']} (at {e['at']})"
+                raise NosyncError(what) if e["usage"] else RunFailed(what)
             else:
                 state.append(tuple(_unpack(data)))
         rows.append(totals.pop("rows"))

@@ -47,6 +47,8 @@ import shutil
 import time
 from typing import Any
 
+import msgpack
+
 from lineage import rewind_plan
 from lsm import LsmError
 from nosync import checkpoints, sinks
@@ -173,6 +175,107 @@ def _stores_hold(state_dir: str, c: int) -> str | None:
         return next((why for why in pool.map(check, paths) if why is not None), None)
 
 
+SEED_SEQ = -(1 << 40)
+"""Rows of the frames in flight at a cut sort before what the batch jobs emit on the same link
+and epoch (`batch` sorts a destination's rows by epoch, sender, edge and this seq)."""
+
+
+def find_snapshot_cut(state_dir: str, workers: int, to_epoch: int | None, per_epoch: int) -> dict:
+    """The newest consistent cut of a nosync run's snapshots (under `state_dir`, a copy of its
+    stores) at which no source partition had read a record of epoch `to_epoch` (None: any),
+    and the frames in flight at it, as batch rows per sending worker: {"steps", "ops",
+    "inflight", "epoch", "records"}; or {"why_not": ...} when there is none.
+
+    Each worker snapshots alone, so the cut is chosen link by link (`lineage.consistent_cut`):
+    no worker's snapshot consumed a frame its sender's snapshot had not produced. A frame
+    produced but not consumed at the cut is read from the sender's output log, at the
+    version of the snapshot that wrote it; one that no snapshot wrote (produced and trimmed
+    between two) sends its sender back to a snapshot before it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import lsm
+    from lineage import consistent_cut
+    from nosync import frames as wire
+    from nosync.batch import DATA as ROW_DATA
+    from nosync.batch import MARK as ROW_MARK
+    from nosync.modes.nosync import iter_snapshots, logged_frames
+
+    paths = {w: os.path.join(state_dir, f"w{w}", "nosync") for w in range(workers)}
+    missing = [w for w, path in paths.items() if not os.path.isdir(path)]
+    if missing:
+        return {"why_not": f"worker {missing[0]} of the run left no nosync log"}
+
+    def first_epoch(meta: dict) -> int:
+        return checkpoints.find_first_epoch({"workers": {0: {"ops": meta["ops"]}}}, per_epoch)
+
+    def open_one(w: int) -> tuple[Any, list[dict]]:
+        store = lsm.Store(paths[w], retention=1 << 62, compact_every_updates=0)
+        try:
+            snaps = [m for m in iter_snapshots(store) if to_epoch is None or first_epoch(m) <= to_epoch]
+        except BaseException:
+            store.close()
+            raise
+        return store, snaps
+
+    with ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1))) as pool:
+        opened = list(pool.map(open_one, range(workers)))
+    stores = {w: st for w, (st, _) in enumerate(opened)}
+    snaps = {w: sn for w, (_, sn) in enumerate(opened)}
+    try:
+        where = "the end of the input" if to_epoch is None else f"the start of epoch {to_epoch}"
+        for w in range(workers):
+            if not snaps[w]:
+                return {"why_not": f"worker {w} retains no snapshot taken at or before {where}"}
+        found: dict[tuple[int, int], dict[int, bytes]] = {}
+        scanned: set[tuple[int, int, int]] = set()
+
+        def unreadable(src: int, index: int, dst: int, lo: int, hi: int) -> int | None:
+            got = found.setdefault((src, dst), {})
+            for meta in snaps[src][index:]:
+                need = next((q for q in range(lo, hi + 1) if q not in got), None)
+                if need is None or int(meta["produced"].get(dst, 0)) < need:
+                    break
+                step = int(meta["step"])
+                if (src, dst, step) not in scanned:
+                    scanned.add((src, dst, step))
+                    got.update(logged_frames(stores[src], dst, step))
+            return next((q for q in range(lo, hi + 1) if q not in got), None)
+
+        pos = consistent_cut(snaps, unreadable)
+        if pos is None:
+            return {"why_not": f"the workers' retained snapshots at or before {where} hold no consistent cut"}
+        cut = {w: snaps[w][pos[w]] for w in range(workers)}
+        inflight: dict[int, list] = {w: [] for w in range(workers)}
+        for src in range(workers):
+            for dst in range(workers):
+                if src == dst:
+                    continue
+                lo = int(cut[dst]["consumed"].get(src, 0)) + 1
+                hi = int(cut[src]["produced"].get(dst, 0))
+                for q in range(lo, hi + 1):
+                    f = wire.decode(found[(src, dst)][q])
+                    h = f.header
+                    if f.kind == wire.DATA:
+                        kind, data = ROW_DATA, msgpack.packb(f.body, use_bin_type=True)
+                    elif f.kind == wire.MARKER:
+                        kind, data = ROW_MARK, msgpack.packb([h.get("wm"), bool(h.get("eos"))], use_bin_type=True)
+                    else:
+                        continue  # events: a batch job has no barriers to pass on
+                    inflight[src].append((dst, int(h["edge"]), src, SEED_SEQ + q, kind, int(h["epoch"]), data))
+    finally:
+        for st in stores.values():
+            st.close()
+    body = {"workers": {w: {"ops": m["ops"]} for w, m in cut.items()}}
+    _, epoch, total = checkpoints.find_cut(body)
+    return {
+        "steps": {w: int(m["step"]) for w, m in cut.items()},
+        "ops": {w: m["ops"] for w, m in cut.items()},
+        "inflight": inflight,
+        "epoch": epoch,
+        "records": total,
+    }
+
+
 def _carry_blocker(old: Pipeline, new: Pipeline, cone: set[str]) -> str | None:
     """Why the new output cannot start with the run's output up to a checkpoint, or None: a
     cone sink of the run that keeps no files per checkpoint, or a Files sink of the run whose
@@ -187,21 +290,35 @@ def _carry_blocker(old: Pipeline, new: Pipeline, cone: set[str]) -> str | None:
     return None
 
 
-def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], c: int) -> int:
-    """Copies the run's output files committed up to checkpoint `c` by the cone's Files sinks
-    into the new output; returns how many."""
+def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], upto: dict[int, int]) -> int:
+    """Copies the run's output files of the cone's Files sinks that worker w had pre-committed
+    under a checkpoint or snapshot step <= `upto[w]` (committed, or staged to be) into the new
+    output; returns how many."""
     n = 0
     for a, b in zip(old.nodes, new.nodes, strict=True):
         if a.kind != "sink" or a.name not in cone or not isinstance(a.params["sink"], sinks.Files):
             continue
         src, dst = a.params["sink"].directory, b.params["sink"].directory
         os.makedirs(dst, exist_ok=True)
-        for name in sorted(os.listdir(src)) if os.path.isdir(src) else []:
-            m = sinks.PART_NAME.match(name)
-            if m and m.group(3) is not None and int(m.group(3)) <= c:
-                shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
-                n += 1
+        for d in (src, os.path.join(src, "_staging")):
+            for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+                m = sinks.PART_NAME.match(name)
+                if m and m.group(3) is not None and int(m.group(3)) <= upto.get(int(m.group(2)), -1):
+                    if not os.path.exists(os.path.join(dst, name)):
+                        shutil.copy2(os.path.join(d, name), os.path.join(dst, name))
+                        n += 1
     return n
+
+
+def _copy_state(run_dir: str, scratch: str) -> str | None:
+    """A copy of the run's stores under `scratch` (opening one recovers its LevelDB log,
+    which would rewrite the run's files), or None if the run has none."""
+    state = os.path.join(run_dir, "state")
+    if not os.path.isdir(state):
+        return None
+    copy = os.path.join(scratch, "state")
+    shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
+    return copy
 
 
 def choose_start(
@@ -214,60 +331,118 @@ def choose_start(
     blocker: str | None = None,
 ) -> dict:
     """Where batch jobs that reproduce the run's state before `epoch` (None: at the end of
-    its input) start: from a retained checkpoint of an abs run, its file and a copy of the
-    run's stores put under `scratch` (`restore` is then the batch spec's entry), or from the
-    sources (`checkpoint` -1, and `why_not` says why when a checkpoint was looked for).
-    `blocker`: a reason of the caller's not to start from a checkpoint. Raises NosyncError
-    when `restore_from` is "checkpoint" and there is none to start from."""
+    its input) start. From the run's own state when it kept some (`restore` is then the
+    batch spec's entry, with the run's stores copied under `scratch`): a retained checkpoint
+    of an abs run, or a consistent cut of a nosync run's snapshots; else from the sources
+    (`restore` None; `why_not` says why when the run's state was looked for).
+
+    Also: `start`, what the state comes from, in words; `upto`, per worker, the checkpoint
+    (abs) or snapshot step (nosync) up to which the run's output files stand before the
+    start; `ops`, per worker, the operators' metadata there; `records`, what the sources had
+    read. `blocker`: a reason of the caller's not to start from the run's state. Raises
+    NosyncError when `restore_from` is "checkpoint" and there is none to start from."""
     from nosync.batch import DEFAULT_EPOCH_RECORDS
-    from nosync.modes.abs import RETENTION
 
     _check_restore_from(restore_from)
     mode = run.get("mode")
-    if restore_from == "checkpoint" and mode != "abs":
+    if restore_from == "checkpoint" and mode not in ("abs", "nosync"):
         raise NosyncError(
-            f"--restore-from checkpoint: {run_dir} is a run in mode {mode}, which takes no checkpoints "
-            "(only mode abs does); use --restore-from sources"
+            f"--restore-from checkpoint: {run_dir} is a run in mode {mode}, which keeps no state to start from "
+            "(modes abs and nosync do); use --restore-from sources"
         )
-    none: dict = {"checkpoint": -1, "why_not": None, "restore": None}
-    if mode != "abs" or restore_from == "sources":
+    none: dict = {"checkpoint": -1, "why_not": None, "restore": None, "start": "the sources"}
+    if mode not in ("abs", "nosync") or restore_from == "sources":
         return none
     per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
-    point = find_checkpoint_before(run_dir, pipeline, epoch, per_epoch)
-    kept = point["retained"]
     where = "at the end of the input" if epoch is None else f"at or before epoch {epoch}"
+    point: dict = {}
     why_not = blocker
-    if why_not is None and point["checkpoint"] < 0:
-        why_not = f"no retained checkpoint of the run lies {where}" + (
-            f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)"
-        )
     if why_not is None:
-        state = os.path.join(run_dir, "state")
-        copy = os.path.join(scratch, "state")
-        if os.path.isdir(state):
-            try:
-                shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
-                why_not = _stores_hold(copy, point["checkpoint"])
-            except (OSError, LsmError) as e:
-                shutil.rmtree(copy, ignore_errors=True)
-                raise NosyncError(f"the stores of {run_dir} cannot be read: {e}") from None
-            if why_not is not None:
-                shutil.rmtree(copy)
+        try:
+            copy = _copy_state(run_dir, scratch)
+            if mode == "abs":
+                point = _checkpoint_before(run_dir, pipeline, epoch, per_epoch, where, copy, scratch)
+            elif copy is None:
+                point = {"why_not": "the run kept no state"}
+            else:
+                point = _snapshots_before(copy, int(run["workers"]), epoch, per_epoch, scratch)
+        except (OSError, LsmError) as e:
+            shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
+            raise NosyncError(f"the stores of {run_dir} cannot be read: {e}") from None
+        why_not = point.get("why_not")
+        if why_not is not None:
+            shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
     if why_not is not None:
         if restore_from == "checkpoint":
             what = "the end of the input" if epoch is None else f"epoch {epoch}"
-            raise NosyncError(f"{what} is outside the run's checkpoint window: {why_not}")
+            kept = "checkpoint" if mode == "abs" else "snapshot"
+            raise NosyncError(f"{what} is outside the run's {kept} window: {why_not}")
         return {**none, "why_not": why_not}
+    return {**none, **point}
+
+
+def _checkpoint_before(
+    run_dir: str, pipeline: Pipeline, epoch: int | None, per_epoch: int, where: str, copy: str | None, scratch: str
+) -> dict:
+    from nosync.modes.abs import RETENTION
+
+    point = find_checkpoint_before(run_dir, pipeline, epoch, per_epoch)
+    c = point["checkpoint"]
+    if c < 0:
+        kept = point["retained"]
+        return {
+            "why_not": f"no retained checkpoint of the run lies {where}"
+            + (f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)")
+        }
+    why_not = _stores_hold(copy, c) if copy is not None else None
+    if why_not is not None:
+        return {"why_not": why_not}
     os.makedirs(scratch, exist_ok=True)
     chk = os.path.join(scratch, os.path.basename(point["path"]))
     shutil.copy2(point["path"], chk)
-    restore = {
-        "checkpoint": point["checkpoint"],
-        "path": chk,
-        "state_dir": os.path.join(scratch, "state"),
-        "retention": RETENTION,
+    body = point["body"]
+    return {
+        "checkpoint": c,
+        "epoch": point["epoch"],
+        "records": point["records"],
+        "skipped": point["skipped"],
+        "upto": dict.fromkeys(body["workers"], c),
+        "ops": {w: v["ops"] for w, v in body["workers"].items()},
+        "start": f"checkpoint {c} of the run, the latest retained {where}",
+        "restore": {
+            "kind": "abs",
+            "checkpoint": c,
+            "path": chk,
+            "state_dir": os.path.join(scratch, "state"),
+            "retention": RETENTION,
+        },
     }
-    return {**point, "why_not": None, "restore": restore}
+
+
+def _snapshots_before(copy: str, workers: int, epoch: int | None, per_epoch: int, scratch: str) -> dict:
+    cut = find_snapshot_cut(copy, workers, epoch, per_epoch)
+    if "why_not" in cut:
+        return cut
+    path = os.path.join(scratch, "cut.msgpack")
+    with open(path, "wb") as f:
+        f.write(
+            msgpack.packb({"steps": cut["steps"], "ops": cut["ops"], "inflight": cut["inflight"]}, use_bin_type=True)
+        )
+    steps = ", ".join(f"{s}" for _, s in sorted(cut["steps"].items()))
+    where = "at the end of the input" if epoch is None else f"at or before epoch {epoch}"
+    flying = sum(len(v) for v in cut["inflight"].values())
+    return {
+        "epoch": cut["epoch"],
+        "records": cut["records"],
+        "skipped": [],
+        "upto": cut["steps"],
+        "ops": cut["ops"],
+        "start": (
+            f"the workers' own snapshots at steps {steps} (worker 0 on), the newest consistent cut {where}, "
+            f"with {flying} frames in flight at it"
+        ),
+        "restore": {"kind": "nosync", "cut": path, "state_dir": copy},
+    }
 
 
 def rewind(
@@ -385,25 +560,25 @@ def _rewind(
             "params": dict(run.get("params") or {}),
         }
     }
-    c = point["checkpoint"]
     carried = carried_records = 0
-    if c >= 0:
+    if point["restore"] is not None:
         extra["restore"] = point["restore"]
-        carried = _carry_output(old, new, cone, c)
-        # per Files sink of the cone: what it had committed at the barrier, and its
-        # pre-commits up to c, which checkpoint c's completion committed
+        upto = {int(w): int(c) for w, c in point["upto"].items()}
+        carried = _carry_output(old, new, cone, upto)
+        # per Files sink of the cone: what it had committed at the cut, and its pre-commits
+        # up to it, which the run committed later
         carried_records = sum(
-            int(meta["committed"]) + sum(int(h["records"]) for cc, h in meta["precommitted"] if cc <= c)
-            for w in point["body"]["workers"].values()
-            for name, meta in w["ops"].items()
+            int(meta["committed"]) + sum(int(h["records"]) for cc, h in meta["precommitted"] if cc <= upto[int(w)])
+            for w, ops in point["ops"].items()
+            for name, meta in ops.items()
             if name in cone and isinstance(old.node(name).params.get("sink"), sinks.Files)
         )
         restored = (
-            f"checkpoint {c} of the run, the latest retained at or before epoch {to_epoch} (its cut lies in "
-            f"epoch {point['epoch']}, after {point['records']:,} records read); the new output starts with the "
-            f"run's output committed up to it ({carried} files)" + "".join(f"; skipped {e}" for e in point["skipped"])
+            f"{point['start']} (it lies in epoch {point['epoch']}, after {point['records']:,} records read); the "
+            f"new output starts with the run's output up to it ({carried} files)"
+            + "".join(f"; skipped {e}" for e in point["skipped"])
         )
-    elif mode == "abs" and restore_from == "auto" and why_not is not None:
+    elif restore_from == "auto" and why_not is not None:
         restored = f"recomputed from the sources by batch jobs: {why_not}"
     else:
         restored = "recomputed from the sources by batch jobs (no checkpoint or log of the run is read)"
@@ -428,9 +603,13 @@ def _rewind(
         "changed": job["new_file"] != os.path.abspath(run["pipeline_file"]),
         "output": output,
         "restored": restored,
-        "checkpoint": c if c >= 0 else None,
+        "checkpoint": point["checkpoint"] if point["checkpoint"] >= 0 else None,
+        "snapshots": point["upto"] if point["restore"] is not None and point["checkpoint"] < 0 else None,
+        "start": "sources"
+        if point["restore"] is None
+        else {"abs": "checkpoint", "nosync": "snapshots"}[point["restore"]["kind"]],
         "by_epoch": mode == "replay",
-        "records_read": r["read"] - (point["records"] if c >= 0 else 0),
+        "records_read": r["read"] - (point["records"] if point["restore"] is not None else 0),
         "records_committed": carried_records + r["committed"],
         "records_carried": carried_records,
         "seconds": time.time() - t0,

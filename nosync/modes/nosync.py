@@ -64,7 +64,7 @@ import xxhash
 
 from lineage import LineageError, Stash, recovery_plan, safe_point
 from lsm import TOMBSTONE
-from nosync import frames
+from nosync import frames, statecodec
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks, open_store
 from nosync.operators import EOS, MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
@@ -74,6 +74,9 @@ log = logging.getLogger("nosync.nosync")
 REPLAY_TIMEOUT_S = 120.0
 META = ("_m",)
 OUT = "_o"
+RETENTION = 64
+"""Snapshots whose versions each worker's store keeps through compaction (a rewind starts
+from a consistent cut of them); more survive until the next compaction."""
 MAX_LINEAGE_PER_FRAME = 2000
 """Lineage entries one frame carries per origin at most (the header is bounded); the rest
 go with the next frames."""
@@ -93,6 +96,47 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+def iter_snapshots(store: Any) -> Any:
+    """The metadata of each snapshot a worker's store still holds in full (its keyed state
+    readable as of the snapshot's step), newest first, without the lineage held for others."""
+    from lsm import RetentionError
+
+    as_of = None
+    while as_of is None or as_of >= 0:
+        try:
+            raw = store.get(META, as_of=as_of)
+        except RetentionError:
+            return
+        if raw is None:
+            return
+        meta = _unpack(raw)
+        step = int(meta["step"])
+        if step < store.horizon:
+            return
+        yield {k: v for k, v in meta.items() if k != "stash"}
+        as_of = step - 1
+
+
+def logged_frames(store: Any, dest: int, as_of: int) -> dict[int, bytes]:
+    """chan_seq -> frame of the output log to worker `dest` as it stood after step `as_of`."""
+    return {int(key[2]): frame for key, frame in store.scan((OUT, dest), as_of=as_of)}
+
+
+def store_state(store: Any, i: int, op: Any, as_of: int) -> None:
+    """Loads the keyed state of keyed operator `op` (the worker's operator number `i`) as it
+    stood after step `as_of`, all of it at once."""
+    items = store.scan((i,), as_of=as_of)
+    if isinstance(op, JoinOp):
+        state = op.state
+        for key, v in items:
+            sides = state.get(key[1])
+            if sides is None:
+                sides = state[key[1]] = ([], [])
+            sides[key[2]].append(statecodec.unpack(v) if type(v) is bytes else v)
+    else:
+        op.restore_keyed((key[1], v) for key, v in items)
 
 
 class InputLog:
@@ -195,6 +239,8 @@ class NosyncHooks(WorkerHooks):
         self.unpersisted = 0
         self.last_snapshot = time.monotonic()
         self.snapshot_step = -1
+        self.kept: deque = deque(maxlen=RETENTION + 1)
+        """The steps of the latest snapshots, for the store's retention window."""
         self.pc_epochs: dict[str, dict[int, int]] = {}
         self.safe = -1
         self.queue: dict[int, deque] = {}
@@ -457,6 +503,10 @@ class NosyncHooks(WorkerHooks):
         }
         updates.append((META, _pack(meta)))
         size = self.store.append(k, updates)
+        self.kept.append(k)
+        if len(self.kept) > RETENTION:
+            # compaction keeps every version of the last RETENTION snapshots (seq = step)
+            self.store.options.retention = k - self.kept[0]
         self.store.persist(self.tier)
         self.unpersisted += size
         self.snapshots += 1
@@ -519,7 +569,8 @@ class NosyncHooks(WorkerHooks):
         if self.store is not None:
             return
         path = store_path(worker.spec["run_dir"], worker.index)
-        self.store = open_store(worker, path, f"the nosync log {path}", retention=0)
+        # every version until RETENTION snapshots were taken (`_snapshot` narrows it)
+        self.store = open_store(worker, path, f"the nosync log {path}", retention=1 << 62)
 
     def on_start(self, worker: Any, peers: dict) -> None:
         self.w = worker
@@ -748,8 +799,6 @@ class NosyncHooks(WorkerHooks):
 def _join_sides(items: Any) -> Any:
     """The sides of one join key from its logged increments ((op, key, side, index), value),
     which a scan returns in index order."""
-    from nosync import statecodec
-
     sides: tuple[list, list] = ([], [])
     found = False
     for (_, _, side, _), v in items:
