@@ -419,13 +419,12 @@ def _fail_fast(task: Any) -> Any:
         except Exception as e:
             import traceback
 
-            last = traceback.extract_tb(e.__traceback__)[-1]
-            error = {
-                "type": type(e).__name__,
-                "message": str(e),
-                "at": f"{last.filename}:{last.lineno}",
-                "usage": isinstance(e, NosyncError) and not isinstance(e, RunFailed),
-            }
+            if isinstance(e, NosyncError):
+                text = str(e)  # names the operator or the file itself
+            else:
+                last = traceback.extract_tb(e.__traceback__)[-1]
+                text = f"{type(e).__name__}: {e} (at {last.filename}:{last.lineno})"
+            error = {"text": text, "usage": isinstance(e, NosyncError) and not isinstance(e, RunFailed)}
             yield _rows_batch([(-1, -1, -1, 0, ERROR, 0, _pack(error))])
 
     return run
@@ -646,7 +645,7 @@ def _run(
                     totals[k] += v
             elif kind == ERROR:
                 e = _unpack(data)
-                what = f"stage {s} of the batch jobs: {e['type']}: {e['message']} (at {e['at']})"
+                what = f"stage {s} of the batch jobs: {e['text']}"
                 raise NosyncError(what) if e["usage"] else RunFailed(what)
             else:
                 state.append(tuple(_unpack(data)))

@@ -357,21 +357,23 @@ def choose_start(
     where = "at the end of the input" if epoch is None else f"at or before epoch {epoch}"
     point: dict = {}
     why_not = blocker
+    made = not os.path.exists(scratch)
     if why_not is None:
         try:
-            copy = _copy_state(run_dir, scratch)
             if mode == "abs":
-                point = _checkpoint_before(run_dir, pipeline, epoch, per_epoch, where, copy, scratch)
-            elif copy is None:
-                point = {"why_not": "the run kept no state"}
+                point = _checkpoint_before(run_dir, pipeline, epoch, per_epoch, where, scratch)
             else:
-                point = _snapshots_before(copy, int(run["workers"]), epoch, per_epoch, scratch)
+                copy = _copy_state(run_dir, scratch)
+                if copy is None:
+                    point = {"why_not": "the run kept no state"}
+                else:
+                    point = _snapshots_before(copy, int(run["workers"]), epoch, per_epoch, scratch)
         except (OSError, LsmError) as e:
-            shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
+            shutil.rmtree(scratch if made else os.path.join(scratch, "state"), ignore_errors=True)
             raise NosyncError(f"the stores of {run_dir} cannot be read: {e}") from None
         why_not = point.get("why_not")
         if why_not is not None:
-            shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
+            shutil.rmtree(scratch if made else os.path.join(scratch, "state"), ignore_errors=True)
     if why_not is not None:
         if restore_from == "checkpoint":
             what = "the end of the input" if epoch is None else f"epoch {epoch}"
@@ -382,7 +384,7 @@ def choose_start(
 
 
 def _checkpoint_before(
-    run_dir: str, pipeline: Pipeline, epoch: int | None, per_epoch: int, where: str, copy: str | None, scratch: str
+    run_dir: str, pipeline: Pipeline, epoch: int | None, per_epoch: int, where: str, scratch: str
 ) -> dict:
     from nosync.modes.abs import RETENTION
 
@@ -394,6 +396,7 @@ def _checkpoint_before(
             "why_not": f"no retained checkpoint of the run lies {where}"
             + (f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)")
         }
+    copy = _copy_state(run_dir, scratch)
     why_not = _stores_hold(copy, c) if copy is not None else None
     if why_not is not None:
         return {"why_not": why_not}

@@ -8,7 +8,9 @@ operators' own code.
 - a pipeline with a loop (iterate) and a TCP source is refused by batch (the source cannot
   restart), and the CLI names it;
 - `state`: the keyed state of keyed_count at the end of an epoch, recomputed by batch jobs,
-  equals the counts computed from the input's definition; bad queries are named.
+  equals the counts computed from the input's definition; bad queries are named;
+- a function that raises in a batch task fails the job at once, naming the error and where it
+  was raised (Spark would otherwise retry the task as often as it retries streaming workers).
 """
 
 from __future__ import annotations
@@ -109,6 +111,28 @@ def test_batch_refuses_a_source_that_cannot_restart(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr
     assert "TcpLines(127.0.0.1:9)" in proc.stderr and "cannot restart" in proc.stderr
+
+
+def test_an_error_in_a_batch_task_fails_the_job_at_once(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "batch",
+            os.path.join(PIPELINES, "fails_on_a_record.py"),
+            "-p",
+            f"output={tmp_path / 'out'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    err = proc.stderr
+    assert "stage 1 of the batch jobs: operator 'map_1' (declared at " in err, err[-3000:]
+    assert "fails_on_a_record.py:17) raised ValueError: key 777 is refused by this test pipeline" in err, err[-3000:]
 
 
 def test_state_as_of_an_epoch_agrees_with_the_input(spark, tmp_path):

@@ -20,6 +20,14 @@ The whole output must equal the run's (the same pipeline) or the definition (the
 aggregate): a count restored wrongly from the checkpoint changes every later count of its
 key. An epoch before the first checkpoint is refused with `--restore-from checkpoint`, and
 recomputed from the sources, saying so, by default.
+
+The same run in mode nosync, each worker snapshotting alone every 50 ms, is rewound from its
+workers' own snapshots: a consistent cut of them (no snapshot consumed a frame its sender's
+had not produced, checked here from the stores), its keyed state read from copies of the
+workers' logs as of each snapshot's step, the frames in flight at the cut taken from the
+senders' output logs. The whole output must again equal the run's or the definition: a frame
+in flight lost or doubled, or a count restored as of the wrong step, changes the counts of its
+keys from there on.
 """
 
 from __future__ import annotations
@@ -58,6 +66,11 @@ def original(tmp_path_factory):
 @pytest.fixture(scope="module")
 def original_abs(tmp_path_factory):
     return run_keyed_count(tmp_path_factory.mktemp("rewind-abs"), "abs", ABS_RECORDS, "--checkpoint-ms", "50")
+
+
+@pytest.fixture(scope="module")
+def original_nosync(tmp_path_factory):
+    return run_keyed_count(tmp_path_factory.mktemp("rewind-nosync"), "nosync", ABS_RECORDS, "--persist-ms", "50")
 
 
 def cuts(run_dir) -> list[tuple[int, int, int]]:
@@ -277,3 +290,100 @@ def test_state_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, origina
     count = sum(1 for i in range(2 * (epoch + 1) * PER_EPOCH) if i % KEYS == 7)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"computed from checkpoint {want} of the run" in proc.stdout and f'"7": {count}' in proc.stdout, proc.stdout
+
+
+def snapshot_metas(run_dir, tmp_path) -> dict[int, dict[int, dict]]:
+    """Per worker, step -> metadata of each snapshot its log retains (read from a copy)."""
+    import shutil
+
+    import lsm
+    from nosync.modes.nosync import iter_snapshots
+
+    copy = tmp_path / "metas"
+    shutil.copytree(run_dir / "state", copy, ignore=shutil.ignore_patterns("LOCK"))
+    out = {}
+    for w in (0, 1):
+        store = lsm.Store(str(copy / f"w{w}" / "nosync"), compact_every_updates=0)
+        try:
+            out[w] = {int(m["step"]): m for m in iter_snapshots(store)}
+        finally:
+            store.close()
+    shutil.rmtree(copy)
+    return out
+
+
+def check_cut(metas: dict, steps: dict, epoch: int) -> int:
+    """Asserts that the snapshots at `steps` (worker -> step) form a consistent cut before
+    epoch `epoch` begins; returns the records the sources had read at it."""
+    cut = {int(w): metas[int(w)][int(s)] for w, s in steps.items()}
+    for a, b in ((0, 1), (1, 0)):
+        assert cut[b]["consumed"].get(a, 0) <= cut[a]["produced"].get(b, 0), (a, b, steps)
+    read = [part[2] for m in cut.values() for part in m["ops"]["source_1"]["parts"]]
+    assert max(read) <= epoch * PER_EPOCH, (read, epoch)
+    return sum(read)
+
+
+def test_rewind_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_path, original_nosync):
+    run_dir, out = original_nosync
+    before = listing(run_dir)
+    metas = snapshot_metas(run_dir, tmp_path)
+    epoch = ABS_RECORDS // 2 // PER_EPOCH // 2
+    r = rewind(str(run_dir), "aggregate_1", epoch, output=str(tmp_path / "same"), spark=spark)
+    assert r["start"] == "snapshots" and "the workers' own snapshots at steps" in r["restored"], r
+    read = check_cut(metas, r["snapshots"], epoch)
+    assert r["records_read"] == ABS_RECORDS - read < ABS_RECORDS
+    assert r["records_committed"] == ABS_RECORDS
+    assert committed_pairs(str(tmp_path / "same")) == committed_pairs(str(out))
+    later = epoch + epoch // 2
+    r = rewind(
+        str(run_dir),
+        "aggregate_1",
+        later,
+        pipeline_file=os.path.join(PIPELINES, "keyed_count_double.py"),
+        output=str(tmp_path / "double"),
+        spark=spark,
+        restore_from="checkpoint",
+    )
+    assert r["start"] == "snapshots" and r["changed"]
+    check_cut(metas, r["snapshots"], later)
+    assert committed_pairs(str(tmp_path / "double")) == expected_pairs(later, ABS_RECORDS)
+    assert listing(run_dir) == before, "the rewind changed the run directory"
+    assert not os.path.exists(tmp_path / "same" / "_rewind" / "state"), "the copies of the stores stayed"
+
+
+def test_state_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_path, original_nosync):
+    run_dir, _ = original_nosync
+    epoch = ABS_RECORDS // 2 // PER_EPOCH // 3
+    with open(run_dir / "run.json", encoding="utf-8") as f:
+        run = json.load(f)
+    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    start = choose_start(str(run_dir), run, pipeline, epoch, str(tmp_path / "q"), "checkpoint")
+    assert start["restore"]["kind"] == "nosync"
+    check_cut(snapshot_metas(run_dir, tmp_path), start["upto"], epoch)
+    got = keyed_state(
+        run["pipeline_file"],
+        run["params"],
+        "aggregate_1",
+        epoch_records=PER_EPOCH,
+        until_epoch=epoch,
+        spark=spark,
+        run_dir=str(tmp_path / "q"),
+        restore=start["restore"],
+    )
+    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
+
+
+def test_a_nosync_run_before_its_first_snapshot(tmp_path, original_nosync):
+    run_dir, _ = original_nosync
+    with open(run_dir / "run.json", encoding="utf-8") as f:
+        run = json.load(f)
+    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    first = min(
+        max(part[2] for part in m["ops"]["source_1"]["parts"])
+        for w in snapshot_metas(run_dir, tmp_path).values()
+        for m in w.values()
+    )
+    assert first > 0, "a worker's first snapshot comes after its first step, a read"
+    with pytest.raises(NosyncError, match="epoch 0 is outside the run's snapshot window: worker . retains no snapshot"):
+        choose_start(str(run_dir), run, pipeline, 0, str(tmp_path / "b"), "checkpoint")
+    assert choose_start(str(run_dir), run, pipeline, 0, str(tmp_path / "c"))["restore"] is None
