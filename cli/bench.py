@@ -203,14 +203,21 @@ def bench_batch(workers, records, keys, reps, master, as_json) -> None:
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(2M, 4 x keys).")
 @click.option("--master", default=None, help="Spark master (default: embedded local[W,F]).")
+@click.option(
+    "--mode",
+    type=click.Choice(["abs", "nosync"]),
+    default="abs",
+    show_default=True,
+    help="The run's mode: the rewind starts from its checkpoint (abs) or from a cut of its snapshots (nosync).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
-def bench_rewind(workers, keys, records, master, as_json) -> None:
+def bench_rewind(workers, keys, records, master, mode, as_json) -> None:
     """Rewinds keyed_count by the last 10% of its epochs; against the run's own time for them."""
     from experiments.bench import rewind
 
     _report(
         "rewind",
-        lambda progress: rewind.run(workers, keys, records=records, master=master, progress=progress),
+        lambda progress: rewind.run(workers, keys, records=records, master=master, progress=progress, mode=mode),
         rewind.render,
         as_json,
     )

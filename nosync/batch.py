@@ -29,7 +29,13 @@ written to files the restarted workers load.
 
 A rewind of an abs run starts the jobs from one of its checkpoints (`restore` in the spec):
 every task's operators load what the checkpoint holds for their worker, so the sources start
-at its positions and the stages carry on from its consistent cut.
+at its positions and the stages carry on from its consistent cut. A rewind of a nosync run
+starts them from a consistent cut of its workers' snapshots the same way, and stage 0 also
+emits the frames that were in flight at the cut, which sort ahead of everything else on
+their link.
+
+A task that raises does not let Spark retry it (the embedded master retries tasks as often
+as streaming workers may be retried): it ends with an ERROR row, which the driver raises.
 """
 
 from __future__ import annotations

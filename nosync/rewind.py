@@ -9,8 +9,8 @@ frontiers and watermarks and run on. Operators outside the cone run the original
 throughout. Only the cone's sinks write, into the new output, which holds a whole output of
 one execution that `nosync diff` compares with the run's.
 
-Where the jobs start (`restore_from`; "auto", the default, takes a checkpoint when there is
-one to take):
+Where the jobs start (`restore_from`; "auto", the default, takes the run's own state, a
+checkpoint or a cut of snapshots, when there is one to take):
 - "checkpoint": for a run in mode abs, the latest retained checkpoint of the run whose cut
   lies at or before the start of epoch E, said explicitly. Its keyed state is read from
   copies of the run's stores as of the checkpoint's seq, its positions and frontiers from its
@@ -20,10 +20,17 @@ one to take):
   checkpoint files, and store versions back `abs.RETENTION` checkpoints. With no usable
   checkpoint at or before E, "auto" recomputes from the sources and says why; "checkpoint"
   refuses.
-- "sources" (what "auto" takes for the other modes): the jobs read the sources from the
-  start. Every epoch the sources can read again can be rewound to. Mode nosync keeps no
-  global cut to start from: each worker's snapshots are its own, consistent only through the
-  replay of the lineage logged after them, which a batch job does not do.
+- "checkpoint" for a run in mode nosync: the newest consistent cut of the workers' own
+  snapshots at which no source partition had read a record of epoch E
+  (`find_snapshot_cut`): one snapshot per worker, no snapshot having consumed a frame its
+  sender's had not produced. Keyed state is read from copies of the workers' stores as of
+  each snapshot's step, the rest from the snapshot's metadata; the frames in flight at the
+  cut, read from the senders' output logs, are fed to the stages that consume them before
+  anything else on their link. The new output starts with the run's files each worker had
+  pre-committed up to its snapshot. The window is what the stores retained: the last
+  `nosync.RETENTION` snapshots of each worker at least.
+- "sources" (what "auto" takes for modes none and replay): the jobs read the sources from
+  the start. Every epoch the sources can read again can be rewound to.
 
 What "epoch" means for an output. The batch jobs process epochs in order, so what they emit
 for epoch e is what epoch e's input caused. A run in mode replay aligns epochs the same way,

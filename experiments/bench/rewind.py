@@ -1,10 +1,11 @@
 """`nosync bench rewind`: rewinding keyed_count by the last 10% of its epochs.
 
-One run of keyed_count (K keys, 4 x K records, at least 2M; mode abs, a checkpoint every
-second, W workers), then `nosync rewind` of its aggregate to the epoch where the last 10% of
-its epochs begin, with the same pipeline, in the same Spark session, twice: from the run's
-latest checkpoint at or before that epoch (the default for an abs run), and recomputing the
-state from the sources (`restore_from="sources"`). Reported: each rewind's time, from the
+One run of keyed_count (K keys, 4 x K records, at least 2M; W workers; mode abs, a checkpoint
+every second, or mode nosync, each worker snapshotting every 200 ms), then `nosync rewind` of
+its aggregate to the epoch where the last 10% of its epochs begin, with the same pipeline, in
+the same Spark session, twice: from the run's own state (abs: its latest checkpoint at or
+before that epoch; nosync: the newest consistent cut of its workers' snapshots there; the
+default), and recomputing the state from the sources (`restore_from="sources"`). Reported: each rewind's time, from the
 call to its return, against the time the run itself took for those last epochs (from its
 progress samples, taken every 0.5 s: from the moment its sources had read every record of
 the epochs before the rewind's, interpolated, to the first sample with every record
@@ -25,7 +26,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = os.path.join(os.path.dirname(HERE), "workloads", "keyed_count.py")
 
 
-def run(workers: int, keys: int, records: int | None = None, master: str | None = None, progress: Any = print) -> dict:
+def run(
+    workers: int,
+    keys: int,
+    records: int | None = None,
+    master: str | None = None,
+    progress: Any = print,
+    mode: str = "abs",
+) -> dict:
     import pyarrow.parquet as pq
 
     from nosync.batch import warm_up
@@ -39,10 +47,10 @@ def run(workers: int, keys: int, records: int | None = None, master: str | None 
     work = tempfile.mkdtemp(prefix="nosync-bench-rewind-")
     try:
         run_dir, out = os.path.join(work, "run"), os.path.join(work, "out")
-        progress(f"run: keyed_count, {keys:,} keys, {records:,} records")
+        progress(f"run: keyed_count, {keys:,} keys, {records:,} records, mode {mode}")
         r = run_pipeline(
             WORKLOAD,
-            mode="abs",
+            mode=mode,
             workers=workers,
             spark=spark,
             run_dir=run_dir,
@@ -66,7 +74,7 @@ def run(workers: int, keys: int, records: int | None = None, master: str | None 
         tail_s = None if started is None or ended is None else ended - started
         out_r: dict = {
             "workload": "keyed_count",
-            "mode": "abs",
+            "mode": mode,
             "workers": workers,
             "keys": keys,
             "records": records,
@@ -77,7 +85,8 @@ def run(workers: int, keys: int, records: int | None = None, master: str | None 
         }
         warm_up(spark, workers)  # Spark's first-use costs go to neither rewind
         for how in ("checkpoint", "sources"):
-            progress(f"rewind: aggregate_1 to epoch {at} of {epochs}, from the {how}")
+            source = "the sources" if how == "sources" else "the run's state"
+            progress(f"rewind: aggregate_1 to epoch {at} of {epochs}, from {source}")
             again = os.path.join(work, f"again-{how}")
             t = time.perf_counter()
             rw = rewind(run_dir, "aggregate_1", at, output=again, spark=spark, restore_from=how)
@@ -87,7 +96,9 @@ def run(workers: int, keys: int, records: int | None = None, master: str | None 
             out_r[f"{how}_over_tail"] = None if not tail_s else took / tail_s
             out_r[f"{how}_same_records"] = _records(out) == _records(again)
             if how == "checkpoint":
+                out_r["checkpoint_start"] = rw["start"]
                 out_r["checkpoint"] = rw["checkpoint"]
+                out_r["snapshots"] = rw["snapshots"]
                 out_r["checkpoint_records_carried"] = rw["records_carried"]
             shutil.rmtree(again, ignore_errors=True)
         return out_r
@@ -109,11 +120,18 @@ def render(r: dict) -> str:
         x = r[f"{how}_over_tail"]
         return "" if x is None else f", {x:.1f}x the run's last 10%"
 
+    mode = r.get("mode", "abs")
+    if r.get("checkpoint_start") == "snapshots":
+        own, start = "from its snapshots", "snapshots at steps " + ", ".join(str(v) for v in r["snapshots"].values())
+    elif r.get("checkpoint_start") == "sources":
+        own, start = "from its state", "none usable, recomputed from the sources"
+    else:
+        own, start = "from checkpoint", f"checkpoint {r['checkpoint']}"
     rows = [
         ("rewound", f"aggregate_1 to epoch {r['rewind_to_epoch']} of {r['epochs']} (the last 10%)"),
         (
-            "from checkpoint",
-            f"{r['checkpoint_rewind_s']:.1f} s{vs('checkpoint')}: checkpoint {r['checkpoint']}, "
+            own,
+            f"{r['checkpoint_rewind_s']:.1f} s{vs('checkpoint')}: {start}, "
             f"{r['checkpoint_records_read']:,} records read, {r['checkpoint_records_carried']:,} carried",
         ),
         (
@@ -121,10 +139,10 @@ def render(r: dict) -> str:
             f"{r['sources_rewind_s']:.1f} s{vs('sources')}: {r['sources_records_read']:,} records read",
         ),
         ("the run's last 10% of epochs", "n/a" if tail is None else f"{tail:.1f} s (0.5 s samples)"),
-        ("the whole run (mode abs)", f"{r['original_run_s']:.1f} s"),
+        (f"the whole run (mode {mode})", f"{r['original_run_s']:.1f} s"),
         (
             "outputs hold the run's records",
-            f"from checkpoint {r['checkpoint_same_records']}, from the sources {r['sources_same_records']}",
+            f"{own} {r['checkpoint_same_records']}, from the sources {r['sources_same_records']}",
         ),
     ]
     w = max(len(a) for a, _ in rows)

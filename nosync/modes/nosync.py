@@ -27,7 +27,8 @@ stall time reported). A durable snapshot is reported to the coordinator as the w
 durable point (step, frontier, consumed and produced chan_seq per link); the coordinator
 broadcasts the points, which trim output logs and lineage everywhere, and the safe point
 (the least durable frontier): a sink commits a pre-commit once the safe point passes every
-epoch in it.
+epoch in it. Compaction keeps every version of the last RETENTION snapshots, so a rewind can
+start from a consistent cut of them (`rewind.find_snapshot_cut`).
 
 Recovery of one worker. The survivors go on; what they send the dead worker stays in their
 output logs. Spark's retry of the task re-registers; the coordinator gives it the peers and
