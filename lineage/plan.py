@@ -349,8 +349,11 @@ def consistent_cut(
     in flight at the cut; `unreadable(src, index, dst, lo, hi)`, if given, returns the least
     chan_seq in lo..hi of link (src, dst) that src's log cannot supply when src stands at
     `snapshots[src][index]` (None: all can), and src then goes back to a snapshot that had not
-    produced it. A process goes back only as far as a link forces it, so each stands at its
-    newest snapshot that any consistent cut can use; None when one runs out of snapshots.
+    produced it. The callback must not find a frame readable at an older snapshot of src that
+    it found unreadable at a newer one (a log that loses frames, never regains them): src is
+    sent past every snapshot that produced the frame. A process goes back only as far as a
+    link forces it, so each stands at its newest snapshot that any consistent cut can use;
+    None when one runs out of snapshots.
     """
     procs = sorted(snapshots)
     seqs = {p: [(_seqs(s, "consumed"), _seqs(s, "produced")) for s in snapshots[p]] for p in procs}
