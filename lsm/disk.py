@@ -31,6 +31,10 @@ META_HORIZON = b"\x00horizon"
 DATA_START = b"\x01"
 _SEQ = struct.Struct(">Q")
 _INV = (1 << 64) - 1
+_LAST = b"\xff" * 8
+"""The inverted seq of seq 0: no version of a key sorts after it."""
+SEEK_AFTER = 4
+"""Versions of one key an as-of scan steps over before it seeks instead."""
 CHUNK_BYTES = 128 << 10
 WRITES_IN_FLIGHT = 2
 
@@ -213,15 +217,27 @@ class DiskTier:
         return keys, values
 
     def scan_raw(self, prefix: bytes, as_of: int) -> Iterator[tuple[bytes, bytes]]:
-        """Like `scan`, with values left packed (b"" for a deletion)."""
+        """Like `scan`, with values left packed (b"" for a deletion).
+
+        A key's versions lie newest first; past SEEK_AFTER versions to pass over in a row, the
+        iterator seeks (to the first version at or below `as_of`, or past the key's last),
+        so a key with a long history costs two seeks, not a step per version."""
         start = prefix if prefix else DATA_START
+        floor = _SEQ.pack(_INV - as_of) if as_of >= 0 else _LAST  # below 0: no version is old enough
         done = None
+        passed = 0
         with self.db.iterator(start=start, include_value=True) as it:
             for mkey, raw in it:
                 if not mkey.startswith(prefix):
                     break
                 ekey, seq = split_mvcc_key(mkey)
                 if ekey == done or seq > as_of:
+                    passed += 1
+                    if passed >= SEEK_AFTER:
+                        # the prefix-free encoding puts every version of ekey between these
+                        it.seek(ekey + (_LAST if ekey == done else floor))
+                        passed = 0
                     continue
                 done = ekey
+                passed = 0
                 yield ekey, raw

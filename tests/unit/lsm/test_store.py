@@ -23,6 +23,7 @@ from lsm import (
     StoreClosedError,
     StoreLockedError,
 )
+from lsm.keys import encode_key
 
 TIMEOUT_S = 5.0
 """Bound on every flush that could hang: they all take milliseconds when they work."""
@@ -274,6 +275,34 @@ def test_tuple_prefix_matches_only_equal_first_elements(open_store: OpenStore) -
         assert list(s.scan("a")) == [("a", 5), ("ab", 6)]
         assert list(s.scan(b"a")) == [(b"a", 7)]
         assert list(s.scan(("a", 1))) == [(("a", 1), 1)]
+        index_all(s)
+
+
+def test_as_of_scans_over_long_histories_find_every_version(open_store: OpenStore) -> None:
+    """Keys with many versions (more than an as-of scan steps over before it seeks), with
+    deletions, seq 0, neighbours whose encodings share a prefix, and keys with one version:
+    every as-of scan, whole and by prefix, equals the replayed history."""
+    s = open_store()
+    history: list[tuple[int, list]] = []
+    for seq in range(0, 40):
+        updates: list = [(("k", 1), seq), (("k", 10), -seq)]
+        if seq % 3 == 0:
+            updates.append((("k", 2), TOMBSTONE if seq % 6 == 0 else seq))
+        if seq % 13 == 0:
+            updates.append((("k", 1, "x"), f"x{seq}"))
+        if seq == 7:
+            updates.append(("once", 7))
+        if seq in (0, 39):
+            updates.append((b"\xff" * 3, seq))
+        history.append((seq, updates))
+    append_all(s, history)
+    for indexed in (False, True):
+        for as_of in [-1, *range(0, 40), None]:
+            want = state_of(history, as_of)
+            assert dict(s.scan(as_of=as_of)) == want, (indexed, as_of)
+            assert list(s.scan(as_of=as_of)) == sorted(s.scan(as_of=as_of), key=lambda kv: encode_key(kv[0]))
+            by_prefix = {k: v for k, v in want.items() if isinstance(k, tuple) and k[:2] == ("k", 1)}
+            assert dict(s.scan(("k", 1), as_of=as_of)) == by_prefix, (indexed, as_of)
         index_all(s)
 
 
