@@ -225,9 +225,15 @@ def find_snapshot_cut(state_dir: str, workers: int, to_epoch: int | None, per_ep
         return store, snaps
 
     with ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1))) as pool:
-        opened = list(pool.map(open_one, range(workers)))
-    stores = {w: st for w, (st, _) in enumerate(opened)}
-    snaps = {w: sn for w, (_, sn) in enumerate(opened)}
+        futures = [pool.submit(open_one, w) for w in range(workers)]
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    if failed is not None:
+        for f in futures:
+            if f.exception() is None:
+                f.result()[0].close()
+        raise failed
+    stores = {w: f.result()[0] for w, f in enumerate(futures)}
+    snaps = {w: f.result()[1] for w, f in enumerate(futures)}
     try:
         where = "the end of the input" if to_epoch is None else f"the start of epoch {to_epoch}"
         for w in range(workers):
