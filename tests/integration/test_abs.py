@@ -54,8 +54,10 @@ def big_text(path, lines: int) -> str:
 
 def workload_params(name: str, tmp_path) -> dict:
     if name == "wordcount":
-        big_text(tmp_path / "a.txt", 150_000)
-        big_text(tmp_path / "b.txt", 100_000)
+        # long enough for three kills and their recoveries on a fast day (at 150k + 100k
+        # lines a nosync run at W = 2 ended before its third kill)
+        big_text(tmp_path / "a.txt", 300_000)
+        big_text(tmp_path / "b.txt", 200_000)
         return {"input": str(tmp_path / "*.txt")}
     if name == "keyed_count":
         return {"records": "3000000", "keys": "20000"}
