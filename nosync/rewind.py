@@ -457,6 +457,7 @@ def _snapshots_before(copy: str, workers: int, epoch: int | None, per_epoch: int
             f"the workers' own snapshots at steps {steps} (worker 0 on), the newest consistent cut {where}, "
             f"with {flying} frames in flight at it"
         ),
+        "in_flight": flying,
         "restore": {"kind": "nosync", "cut": path, "state_dir": copy},
     }
 
@@ -621,6 +622,7 @@ def _rewind(
         "restored": restored,
         "checkpoint": point["checkpoint"] if point["checkpoint"] >= 0 else None,
         "snapshots": point["upto"] if point["restore"] is not None and point["checkpoint"] < 0 else None,
+        "frames_in_flight": point.get("in_flight"),
         "start": "sources"
         if point["restore"] is None
         else {"abs": "checkpoint", "nosync": "snapshots"}[point["restore"]["kind"]],
