@@ -42,7 +42,8 @@ def inspect_cmd(run_dir, as_json) -> None:
         )
     if "safe_points" in info:
         sp = info["safe_points"]
-        click.echo(f"safe       {sp['count']} safe points, the last at epoch {sp['last']}")
+        last = "the end of the input" if sp["last"] >= 1 << 62 else f"epoch {sp['last']}"
+        click.echo(f"safe       {sp['count']} safe points, the last at {last}")
     if "checkpoints" in info:
         c = info["checkpoints"]
         click.echo(
@@ -51,6 +52,9 @@ def inspect_cmd(run_dir, as_json) -> None:
         )
         if c.get("rewind_from_epoch") is not None:
             click.echo(f"rewind     from a retained checkpoint, to any epoch from {c['rewind_from_epoch']} on")
+    if (info.get("snapshots") or {}).get("rewind_from_epoch") is not None:
+        first = info["snapshots"]["rewind_from_epoch"]
+        click.echo(f"rewind     from a consistent cut of the workers' snapshots, to any epoch from {first} on")
     tiers = info["storage_bytes"]
     if info["stores"]:
         click.echo("storage    " + ", ".join(f"{t} {_mb(n)}" for t, n in tiers.items()))

@@ -187,6 +187,128 @@ SEED_SEQ = -(1 << 40)
 and epoch (`batch` sorts a destination's rows by epoch, sender, edge and this seq)."""
 
 
+class SnapshotLogs:
+    """The snapshots a nosync run's worker stores retain (under `state_dir`), with the stores
+    open inside a `with` block: where consistent cuts of them lie, and the frames in flight
+    at one. Opening a store recovers its LevelDB log, which rewrites its files: a rewind
+    opens copies."""
+
+    def __init__(self, state_dir: str, workers: int, per_epoch: int) -> None:
+        self.paths = {w: os.path.join(state_dir, f"w{w}", "nosync") for w in range(workers)}
+        self.workers, self.per_epoch = workers, per_epoch
+        self.stores: dict[int, Any] = {}
+        self.snaps: dict[int, list[dict]] = {}
+        """Per worker, its snapshots' metadata, newest first."""
+        self.firsts: dict[int, list[int]] = {}
+        """Per worker, the first epoch each snapshot's cut lies before."""
+        self._found: dict[tuple[int, int], dict[int, bytes]] = {}
+        self._scanned: set[tuple[int, int, int]] = set()
+
+    def missing(self) -> int | None:
+        """A worker without a nosync log, or None."""
+        return next((w for w, path in self.paths.items() if not os.path.isdir(path)), None)
+
+    def __enter__(self) -> SnapshotLogs:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import lsm
+        from nosync.modes.nosync import iter_snapshots
+
+        def open_one(w: int) -> tuple[Any, list[dict]]:
+            store = lsm.Store(self.paths[w], retention=1 << 62, compact_every_updates=0)
+            try:
+                return store, list(iter_snapshots(store))
+            except BaseException:
+                store.close()
+                raise
+
+        with ThreadPoolExecutor(max(1, min(self.workers, os.cpu_count() or 1))) as pool:
+            futures = [pool.submit(open_one, w) for w in range(self.workers)]
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            for f in futures:
+                if f.exception() is None:
+                    f.result()[0].close()
+            raise failed
+        for w, f in enumerate(futures):
+            self.stores[w], self.snaps[w] = f.result()
+            self.firsts[w] = [
+                checkpoints.find_first_epoch({"workers": {0: {"ops": m["ops"]}}}, self.per_epoch) for m in self.snaps[w]
+            ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for store in self.stores.values():
+            store.close()
+        self.stores = {}
+
+    def cut(self, to_epoch: int | None) -> dict[int, dict] | str:
+        """Per worker, the metadata of its snapshot in the newest consistent cut at which no
+        source partition had read a record of epoch `to_epoch` (None: any); or why there is
+        none (`find_snapshot_cut`)."""
+        from lineage import consistent_cut
+        from nosync.modes.nosync import logged_frames
+
+        where = "the end of the input" if to_epoch is None else f"the start of epoch {to_epoch}"
+        cands = {
+            w: [m for m, e in zip(self.snaps[w], self.firsts[w], strict=True) if to_epoch is None or e <= to_epoch]
+            for w in range(self.workers)
+        }
+        for w in range(self.workers):
+            if not cands[w]:
+                return f"worker {w} retains no snapshot taken at or before {where}"
+
+        def unreadable(src: int, index: int, dst: int, lo: int, hi: int) -> int | None:
+            got = self._found.setdefault((src, dst), {})
+            for meta in cands[src][index:]:
+                need = next((q for q in range(lo, hi + 1) if q not in got), None)
+                if need is None or int(meta["produced"].get(dst, 0)) < need:
+                    break
+                step = int(meta["step"])
+                if (src, dst, step) not in self._scanned:
+                    self._scanned.add((src, dst, step))
+                    got.update(logged_frames(self.stores[src], dst, step))
+            return next((q for q in range(lo, hi + 1) if q not in got), None)
+
+        pos = consistent_cut(cands, unreadable)
+        if pos is None:
+            return f"the workers' retained snapshots at or before {where} hold no consistent cut"
+        return {w: cands[w][pos[w]] for w in range(self.workers)}
+
+    def in_flight(self, cut: dict[int, dict]) -> dict[int, list]:
+        """Per sending worker, the frames in flight at `cut` as batch rows (data and marker
+        frames; events carry barriers, which a batch job has none of)."""
+        from nosync import frames as wire
+        from nosync.batch import DATA as ROW_DATA
+        from nosync.batch import MARK as ROW_MARK
+
+        rows: dict[int, list] = {w: [] for w in range(self.workers)}
+        for src in range(self.workers):
+            for dst in range(self.workers):
+                if src == dst:
+                    continue
+                lo = int(cut[dst]["consumed"].get(src, 0)) + 1
+                hi = int(cut[src]["produced"].get(dst, 0))
+                for q in range(lo, hi + 1):
+                    f = wire.decode(self._found[(src, dst)][q])
+                    h = f.header
+                    if f.kind == wire.DATA:
+                        kind, data = ROW_DATA, msgpack.packb(f.body, use_bin_type=True)
+                    elif f.kind == wire.MARKER:
+                        kind, data = ROW_MARK, msgpack.packb([h.get("wm"), bool(h.get("eos"))], use_bin_type=True)
+                    else:
+                        continue
+                    rows[src].append((dst, int(h["edge"]), src, SEED_SEQ + q, kind, int(h["epoch"]), data))
+        return rows
+
+    def first_epoch(self) -> int | None:
+        """The first epoch a consistent cut of the retained snapshots lies before, or None."""
+        for e in sorted({e for firsts in self.firsts.values() for e in firsts}):
+            if not isinstance(self.cut(e), str):
+                return e
+        return None
+
+
 def find_snapshot_cut(state_dir: str, workers: int, to_epoch: int | None, per_epoch: int) -> dict:
     """The newest consistent cut of a nosync run's snapshots (under `state_dir`, a copy of its
     stores) at which no source partition had read a record of epoch `to_epoch` (None: any),
@@ -198,86 +320,15 @@ def find_snapshot_cut(state_dir: str, workers: int, to_epoch: int | None, per_ep
     produced but not consumed at the cut is read from the sender's output log, at the
     version of the snapshot that wrote it; one that no snapshot wrote (produced and trimmed
     between two) sends its sender back to a snapshot before it."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import lsm
-    from lineage import consistent_cut
-    from nosync import frames as wire
-    from nosync.batch import DATA as ROW_DATA
-    from nosync.batch import MARK as ROW_MARK
-    from nosync.modes.nosync import iter_snapshots, logged_frames
-
-    paths = {w: os.path.join(state_dir, f"w{w}", "nosync") for w in range(workers)}
-    missing = [w for w, path in paths.items() if not os.path.isdir(path)]
-    if missing:
-        return {"why_not": f"worker {missing[0]} of the run left no nosync log"}
-
-    def first_epoch(meta: dict) -> int:
-        return checkpoints.find_first_epoch({"workers": {0: {"ops": meta["ops"]}}}, per_epoch)
-
-    def open_one(w: int) -> tuple[Any, list[dict]]:
-        store = lsm.Store(paths[w], retention=1 << 62, compact_every_updates=0)
-        try:
-            snaps = [m for m in iter_snapshots(store) if to_epoch is None or first_epoch(m) <= to_epoch]
-        except BaseException:
-            store.close()
-            raise
-        return store, snaps
-
-    with ThreadPoolExecutor(max(1, min(workers, os.cpu_count() or 1))) as pool:
-        futures = [pool.submit(open_one, w) for w in range(workers)]
-    failed = next((f.exception() for f in futures if f.exception() is not None), None)
-    if failed is not None:
-        for f in futures:
-            if f.exception() is None:
-                f.result()[0].close()
-        raise failed
-    stores = {w: f.result()[0] for w, f in enumerate(futures)}
-    snaps = {w: f.result()[1] for w, f in enumerate(futures)}
-    try:
-        where = "the end of the input" if to_epoch is None else f"the start of epoch {to_epoch}"
-        for w in range(workers):
-            if not snaps[w]:
-                return {"why_not": f"worker {w} retains no snapshot taken at or before {where}"}
-        found: dict[tuple[int, int], dict[int, bytes]] = {}
-        scanned: set[tuple[int, int, int]] = set()
-
-        def unreadable(src: int, index: int, dst: int, lo: int, hi: int) -> int | None:
-            got = found.setdefault((src, dst), {})
-            for meta in snaps[src][index:]:
-                need = next((q for q in range(lo, hi + 1) if q not in got), None)
-                if need is None or int(meta["produced"].get(dst, 0)) < need:
-                    break
-                step = int(meta["step"])
-                if (src, dst, step) not in scanned:
-                    scanned.add((src, dst, step))
-                    got.update(logged_frames(stores[src], dst, step))
-            return next((q for q in range(lo, hi + 1) if q not in got), None)
-
-        pos = consistent_cut(snaps, unreadable)
-        if pos is None:
-            return {"why_not": f"the workers' retained snapshots at or before {where} hold no consistent cut"}
-        cut = {w: snaps[w][pos[w]] for w in range(workers)}
-        inflight: dict[int, list] = {w: [] for w in range(workers)}
-        for src in range(workers):
-            for dst in range(workers):
-                if src == dst:
-                    continue
-                lo = int(cut[dst]["consumed"].get(src, 0)) + 1
-                hi = int(cut[src]["produced"].get(dst, 0))
-                for q in range(lo, hi + 1):
-                    f = wire.decode(found[(src, dst)][q])
-                    h = f.header
-                    if f.kind == wire.DATA:
-                        kind, data = ROW_DATA, msgpack.packb(f.body, use_bin_type=True)
-                    elif f.kind == wire.MARKER:
-                        kind, data = ROW_MARK, msgpack.packb([h.get("wm"), bool(h.get("eos"))], use_bin_type=True)
-                    else:
-                        continue  # events: a batch job has no barriers to pass on
-                    inflight[src].append((dst, int(h["edge"]), src, SEED_SEQ + q, kind, int(h["epoch"]), data))
-    finally:
-        for st in stores.values():
-            st.close()
+    logs = SnapshotLogs(state_dir, workers, per_epoch)
+    w = logs.missing()
+    if w is not None:
+        return {"why_not": f"worker {w} of the run left no nosync log"}
+    with logs:
+        cut = logs.cut(to_epoch)
+        if isinstance(cut, str):
+            return {"why_not": cut}
+        inflight = logs.in_flight(cut)
     body = {"workers": {w: {"ops": m["ops"]} for w, m in cut.items()}}
     _, epoch, total = checkpoints.find_cut(body)
     return {

@@ -64,6 +64,24 @@ def _durable(path: str) -> dict:
         s.close()
 
 
+def _first_cut_epoch(run_dir: str, run: dict) -> int | None:
+    """The first epoch `rewind` can start from a consistent cut of a nosync run's retained
+    snapshots (None: none, or its stores are in use or unreadable)."""
+    import lsm
+    from nosync.batch import DEFAULT_EPOCH_RECORDS
+    from nosync.rewind import SnapshotLogs
+
+    per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+    logs = SnapshotLogs(os.path.join(run_dir, "state"), int(run.get("workers") or 0), per_epoch)
+    if logs.missing() is not None:
+        return None
+    try:
+        with logs:
+            return logs.first_epoch()
+    except lsm.LsmError:
+        return None
+
+
 def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
     """Everything `nosync inspect` shows, as a dict."""
     meta_path = os.path.join(run_dir, "run.json")
@@ -133,6 +151,8 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             except NosyncError:
                 firsts = []  # checkpoints of another pipeline: none to start from
             info["checkpoints"]["rewind_from_epoch"] = min(firsts, default=None)
+    if open_stores and run.get("mode") == "nosync" and not run.get("epoch_ms"):
+        info["snapshots"] = {"rewind_from_epoch": _first_cut_epoch(run_dir, run)}
     stores = _stores(run_dir)
     if open_stores:
         for s in stores:

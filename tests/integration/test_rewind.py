@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -294,8 +295,6 @@ def test_state_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, origina
 
 def snapshot_metas(run_dir, tmp_path) -> dict[int, dict[int, dict]]:
     """Per worker, step -> metadata of each snapshot its log retains (read from a copy)."""
-    import shutil
-
     import lsm
     from nosync.modes.nosync import iter_snapshots
 
@@ -398,3 +397,23 @@ def test_a_nosync_run_before_its_first_snapshot(tmp_path, original_nosync):
     with pytest.raises(NosyncError, match="epoch 0 is outside the run's snapshot window: worker . retains no snapshot"):
         choose_start(str(run_dir), run, pipeline, 0, str(tmp_path / "b"), "checkpoint")
     assert choose_start(str(run_dir), run, pipeline, 0, str(tmp_path / "c"))["restore"] is None
+
+
+def test_inspect_names_the_first_epoch_a_cut_of_snapshots_can_start(tmp_path, original_nosync):
+    run_dir, _ = original_nosync
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)  # inspect opens the stores, which rewrites LevelDB's files
+    first = inspect_run(str(copy))["snapshots"]["rewind_from_epoch"]
+    with open(run_dir / "run.json", encoding="utf-8") as f:
+        run = json.load(f)
+    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    assert first >= 1, "a worker's first snapshot comes after its first read"
+    start = choose_start(str(run_dir), run, pipeline, first, str(tmp_path / "a"), "checkpoint")
+    assert start["restore"]["kind"] == "nosync"
+    with pytest.raises(NosyncError, match=f"epoch {first - 1} is outside the run's snapshot window"):
+        choose_start(str(run_dir), run, pipeline, first - 1, str(tmp_path / "b"), "checkpoint")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "inspect", str(copy)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"rewind     from a consistent cut of the workers' snapshots, to any epoch from {first} on" in proc.stdout
