@@ -56,10 +56,11 @@ from nosync.plan import PhysicalPlan, plan
 from nosync.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
 
 SCHEMA = "dest int, edge int, src int, seq long, kind tinyint, epoch long, data binary"
-DATA, MARK, STATS, STATE, ERROR = 0, 1, 2, 3, 4
+DATA, MARK, STATS, STATE, ERROR, HERE = 0, 1, 2, 3, 4, 5
 """Row kinds: records, a progress marker, one row per task of what it read and committed,
-(key, state) pairs of the operator asked for, and the error a task stopped on (edge -1: no
-stage reads the last three)."""
+(key, state) pairs of the operator asked for, the error a task stopped on (edge -1: no stage
+reads these three), and a row that only makes a later stage run a destination's task (a
+restored run can leave a destination nothing else: its inputs ended before the cut)."""
 DEFAULT_EPOCH_RECORDS = 10_000
 
 
@@ -357,7 +358,7 @@ def _close(ops: list, host: _Host, s: int) -> None:
                 stats["committed"] += op.committed
         elif isinstance(op, SourceOp):
             stats["read"] += op.records_in
-    stats["rows"] = sum(1 for r in host.rows if r[1] >= 0)
+    stats["rows"] = sum(1 for r in host.rows if r[1] >= 0 and r[4] != HERE)
     host.rows.append((host.index, -1, host.index, 0, STATS, 0, _pack(stats)))
 
 
@@ -436,6 +437,15 @@ def _fail_fast(task: Any) -> Any:
     return run
 
 
+def _entries(p: PhysicalPlan, stage: dict[int, int]) -> dict[int, int]:
+    """Per stage after the first, one edge that enters it from an earlier stage."""
+    out: dict[int, int] = {}
+    for e in graph_edges(p):
+        if stage[e.dst] > stage[e.src]:
+            out.setdefault(stage[e.dst], e.id)
+    return out
+
+
 def _sources_task(spec: dict) -> Any:
     """Stage 0: mapInArrow over the task numbers 0..W-1."""
 
@@ -451,6 +461,11 @@ def _sources_task(spec: dict) -> Any:
                 if restore is not None and restore.get("kind") == "nosync":
                     # what this worker had sent that its receivers had not consumed at the cut
                     host.rows.extend(tuple(row) for row in _read_cut(restore["cut"])["inflight"].get(host.index, ()))
+                if restore is not None:
+                    # every later stage runs this worker's task, so that its operators hand back
+                    # their state and close their sinks even if no record or marker reaches them
+                    for e in _entries(p, stage).values():
+                        host.rows.append((host.index, e, host.index, 0, HERE, -1, b""))
                 sources = [op for op in ops if isinstance(op, SourceOp)]
                 until = spec.get("until_epoch")
                 busy = True
@@ -491,6 +506,8 @@ def _stage_task(spec: dict, s: int) -> Any:
                         yield done()
                     host = _Host(dest, spec["workers"], spec)
                     ops, by_id = _task_graph(p, stage, s, host)
+                if kind == HERE:
+                    continue
                 e = edges[edge]
                 chan = ("x", edge, src) if e.exchange else ("f", edge)
                 op = by_id[e.dst]

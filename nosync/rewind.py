@@ -187,6 +187,16 @@ SEED_SEQ = -(1 << 40)
 and epoch (`batch` sorts a destination's rows by epoch, sender, edge and this seq)."""
 
 
+def _read_all(meta: dict) -> bool:
+    """Whether a worker's snapshot lies after its sources read their last record. A cut of
+    such snapshots leaves the batch jobs nothing to run on: stages that get no rows do not
+    run, so `state` would find no keys and a changed pipeline would never take over (windows
+    that close at the end of the input closed in the run). A worker with no records to read
+    does not count."""
+    srcs = [m for m in meta["ops"].values() if "parts" in m]
+    return all(m["finished"] for m in srcs) and sum(int(m["records_in"]) for m in srcs) > 0
+
+
 class SnapshotLogs:
     """The snapshots a nosync run's worker stores retain (under `state_dir`), with the stores
     open inside a `with` block: where consistent cuts of them lie, and the frames in flight
@@ -251,7 +261,11 @@ class SnapshotLogs:
 
         where = "the end of the input" if to_epoch is None else f"the start of epoch {to_epoch}"
         cands = {
-            w: [m for m, e in zip(self.snaps[w], self.firsts[w], strict=True) if to_epoch is None or e <= to_epoch]
+            w: [
+                m
+                for m, e in zip(self.snaps[w], self.firsts[w], strict=True)
+                if (to_epoch is None or e <= to_epoch) and not _read_all(m)
+            ]
             for w in range(self.workers)
         }
         for w in range(self.workers):
@@ -354,23 +368,32 @@ def _carry_blocker(old: Pipeline, new: Pipeline, cone: set[str]) -> str | None:
     return None
 
 
-def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], upto: dict[int, int]) -> int:
-    """Copies the run's output files of the cone's Files sinks that worker w had pre-committed
-    under a checkpoint or snapshot step <= `upto[w]` (committed, or staged to be) into the new
-    output; returns how many."""
+def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], upto: dict[int, int], ops: dict) -> int:
+    """Copies into the new output the run's output files of the cone's Files sinks up to the
+    cut: worker w's committed part files named with a checkpoint or snapshot step <=
+    `upto[w]`, and the staged files that its pre-commits up to there name (`ops[w]`, the
+    operators' metadata at the cut: the run committed them later, or would have). Other
+    staged files (a pre-commit whose snapshot never became durable) are left. Returns how
+    many files."""
     n = 0
     for a, b in zip(old.nodes, new.nodes, strict=True):
         if a.kind != "sink" or a.name not in cone or not isinstance(a.params["sink"], sinks.Files):
             continue
         src, dst = a.params["sink"].directory, b.params["sink"].directory
         os.makedirs(dst, exist_ok=True)
-        for d in (src, os.path.join(src, "_staging")):
-            for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-                m = sinks.PART_NAME.match(name)
-                if m and m.group(3) is not None and int(m.group(3)) <= upto.get(int(m.group(2)), -1):
-                    if not os.path.exists(os.path.join(dst, name)):
-                        shutil.copy2(os.path.join(d, name), os.path.join(dst, name))
-                        n += 1
+        names = []
+        for name in sorted(os.listdir(src)) if os.path.isdir(src) else []:
+            m = sinks.PART_NAME.match(name)
+            if m and m.group(3) is not None and int(m.group(3)) <= upto.get(int(m.group(2)), -1):
+                names.append((src, name))
+        for w, metas in ops.items():
+            for c, handle in (metas.get(a.name) or {}).get("precommitted", ()):
+                if int(c) <= upto[int(w)]:
+                    names.extend((os.path.join(src, "_staging"), name) for name in handle["files"])
+        for d, name in names:
+            if os.path.exists(os.path.join(d, name)) and not os.path.exists(os.path.join(dst, name)):
+                shutil.copy2(os.path.join(d, name), os.path.join(dst, name))
+                n += 1
     return n
 
 
@@ -632,7 +655,7 @@ def _rewind(
     if point["restore"] is not None:
         extra["restore"] = point["restore"]
         upto = {int(w): int(c) for w, c in point["upto"].items()}
-        carried = _carry_output(old, new, cone, upto)
+        carried = _carry_output(old, new, cone, upto, point["ops"])
         # per Files sink of the cone: what it had committed at the cut, and its pre-commits
         # up to it, which the run committed later
         carried_records = sum(

@@ -503,11 +503,12 @@ class NosyncHooks(WorkerHooks):
             "frontier": self._frontier(worker),
         }
         updates.append((META, _pack(meta)))
-        size = self.store.append(k, updates)
         self.kept.append(k)
         if len(self.kept) > RETENTION:
-            # compaction keeps every version of the last RETENTION snapshots (seq = step)
+            # compaction keeps every version of the last RETENTION snapshots (seq = step);
+            # narrowed before the append, so no compaction sees the new seq with the old window
             self.store.options.retention = k - self.kept[0]
+        size = self.store.append(k, updates)
         self.store.persist(self.tier)
         self.unpersisted += size
         self.snapshots += 1
@@ -624,7 +625,12 @@ class NosyncHooks(WorkerHooks):
         k = store.last_seq
         raw = store.get(META) if k >= 0 else None
         if raw is None:
-            return  # nothing durable yet: start over from the sources' beginnings
+            # nothing durable yet: start over from the sources' beginnings, without the files
+            # a pre-commit left in staging before its snapshot could become durable
+            for op in worker.ops:
+                if isinstance(op, SinkOp):
+                    op.part.recover(-1, [])
+            return
         meta = _unpack(raw)
         self.step = self.snapshot_step = self.durable_step = int(meta["step"])
         self.produced = {int(d): int(s) for d, s in meta["produced"].items()}

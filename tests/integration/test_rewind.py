@@ -324,8 +324,13 @@ def check_cut(metas: dict, steps: dict, epoch: int) -> int:
 
 def test_rewind_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_path, original_nosync):
     run_dir, out = original_nosync
-    before = listing(run_dir)
     metas = snapshot_metas(run_dir, tmp_path)
+    # a pre-commit whose snapshot never became durable leaves its files in staging: a copy
+    # of a committed part, named with step 1, which every cut lies after, must not be carried
+    part = sorted(n for n in os.listdir(out) if n.startswith("part-") and "-w0000-" in n)[0]
+    stale = out / "_staging" / "part-0000000000-w0000-c0000000001-009.parquet"
+    shutil.copy2(out / part, stale)
+    before = listing(run_dir)
     # an epoch whose cut has frames in flight (their path is the one to test), among three
     for epoch in (50, 40, 30):
         same = tmp_path / f"same-{epoch}"
@@ -359,6 +364,7 @@ def test_rewind_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_pa
     check_cut(metas, r["snapshots"], later)
     assert committed_pairs(str(tmp_path / "double")) == expected_pairs(later, ABS_RECORDS)
     assert listing(run_dir) == before, "the rewind changed the run directory"
+    stale.unlink()
 
 
 def test_state_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_path, original_nosync):
@@ -381,6 +387,20 @@ def test_state_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_pat
         restore=start["restore"],
     )
     assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
+    # at the end of the input: a cut before the sources read their last records, so that the
+    # jobs have something to run on (a cut after it would hand back no state at all)
+    start = choose_start(str(run_dir), run, pipeline, None, str(tmp_path / "e"), "checkpoint")
+    assert start["restore"]["kind"] == "nosync" and start["records"] < ABS_RECORDS, start["start"]
+    got = keyed_state(
+        run["pipeline_file"],
+        run["params"],
+        "aggregate_1",
+        epoch_records=PER_EPOCH,
+        spark=spark,
+        run_dir=str(tmp_path / "e"),
+        restore=start["restore"],
+    )
+    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(ABS_RECORDS)))
 
 
 def test_a_nosync_run_before_its_first_snapshot(tmp_path, original_nosync):
