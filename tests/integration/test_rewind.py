@@ -437,3 +437,27 @@ def test_inspect_names_the_first_epoch_a_cut_of_snapshots_can_start(tmp_path, or
     )
     assert proc.returncode == 0, proc.stderr
     assert f"rewind     from a consistent cut of the workers' snapshots, to any epoch from {first} on" in proc.stdout
+
+
+def test_state_of_a_branch_whose_input_ended_before_the_cut(tmp_path):
+    """two_branches: operator "twice" lies in stage 2, fed only by a source of 1,000 records
+    that ends long before the cut; the other branch ends in stage 1. The batch jobs must still
+    run stage 2's tasks and hand back its state: 10 per key of 100 keys (see the pipeline)."""
+    run_dir = tmp_path / "run"
+    pipeline = os.path.join(PIPELINES, "two_branches.py")
+    cmd = [sys.executable, "-m", "cli.main", "run", pipeline, "--mode", "nosync", "--workers", "2"]
+    cmd += ["--epoch-records", str(PER_EPOCH), "--persist-ms", "50", "--run-dir", str(run_dir)]
+    cmd += ["-p", "records=2000000", "-p", f"output={tmp_path / 'out'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = [sys.executable, "-m", "cli.main", "state", str(run_dir), "--operator", "twice"]
+    proc = subprocess.run(
+        [*state, "--restore-from", "checkpoint", "--limit", "0", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = dict(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    assert got == {str(k): 10 for k in range(100)}
