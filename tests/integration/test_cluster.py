@@ -19,10 +19,18 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports, bound at once (ports taken one at a time could repeat: a
+    worker's UI took the master's UI port before the master bound it, and the master's UI
+    moved to the next one)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -51,7 +59,7 @@ def cluster(tmp_path):
         PYSPARK_PYTHON=sys.executable,
         SPARK_WORKER_DIR=str(tmp_path / "work"),
     )
-    port, ui = free_port(), free_port()
+    port, ui, *worker_uis = free_ports(4)
     procs: list[subprocess.Popen] = []
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -87,7 +95,7 @@ def cluster(tmp_path):
                 "--host",
                 "127.0.0.1",
                 "--webui-port",
-                str(free_port()),
+                str(worker_uis[i]),
                 f"spark://127.0.0.1:{port}",
             )
 
