@@ -259,7 +259,7 @@ def _restore(host: _Host, ops: list, p: PhysicalPlan) -> None:
             op.committed = 0  # what this job commits; the rewind counts the output it carries
 
 
-def _read_cut(path: str) -> dict:
+def _read_msgpack(path: str) -> Any:
     with open(path, "rb") as f:
         return msgpack.unpackb(f.read(), raw=False, use_list=False, strict_map_key=False)
 
@@ -273,7 +273,7 @@ def _restore_snapshot(host: _Host, ops: list, p: PhysicalPlan) -> None:
     from nosync.modes.nosync import store_state
 
     r = host.spec["restore"]
-    cut = _read_cut(r["cut"])
+    cut = _read_msgpack(r["cut"])
     step = int(cut["steps"][host.index])
     metas = cut["ops"][host.index]
     index = {n.name: i for i, n in enumerate(p.pipeline.nodes)}
@@ -460,7 +460,7 @@ def _sources_task(spec: dict) -> Any:
                 restore = spec.get("restore")
                 if restore is not None and restore.get("kind") == "nosync":
                     # what this worker had sent that its receivers had not consumed at the cut
-                    host.rows.extend(tuple(row) for row in _read_cut(restore["cut"])["inflight"].get(host.index, ()))
+                    host.rows.extend(tuple(row) for row in _read_msgpack(restore["inflight"][host.index]))
                 if restore is not None:
                     # every later stage runs this worker's task, so that its operators hand back
                     # their state and close their sinks even if no record or marker reaches them

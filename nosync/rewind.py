@@ -445,6 +445,11 @@ def choose_start(
     point: dict = {}
     why_not = blocker
     made = not os.path.exists(scratch)
+
+    def discard() -> None:
+        """What this call put under `scratch`: all of it, if it made `scratch`."""
+        shutil.rmtree(scratch if made else os.path.join(scratch, "state"), ignore_errors=True)
+
     if why_not is None:
         try:
             if mode == "abs":
@@ -454,13 +459,13 @@ def choose_start(
                 if copy is None:
                     point = {"why_not": "the run kept no state"}
                 else:
-                    point = _snapshots_before(copy, int(run["workers"]), epoch, per_epoch, scratch)
+                    point = _snapshots_before(copy, int(run["workers"]), epoch, per_epoch, where, scratch)
         except (OSError, LsmError) as e:
-            shutil.rmtree(scratch if made else os.path.join(scratch, "state"), ignore_errors=True)
+            discard()
             raise NosyncError(f"the stores of {run_dir} cannot be read: {e}") from None
         why_not = point.get("why_not")
         if why_not is not None:
-            shutil.rmtree(scratch if made else os.path.join(scratch, "state"), ignore_errors=True)
+            discard()
     if why_not is not None:
         if restore_from == "checkpoint":
             what = "the end of the input" if epoch is None else f"epoch {epoch}"
@@ -509,17 +514,22 @@ def _checkpoint_before(
     }
 
 
-def _snapshots_before(copy: str, workers: int, epoch: int | None, per_epoch: int, scratch: str) -> dict:
+def _write_msgpack(path: str, obj: Any) -> str:
+    with open(path, "wb") as f:
+        f.write(msgpack.packb(obj, use_bin_type=True))
+    return path
+
+
+def _snapshots_before(copy: str, workers: int, epoch: int | None, per_epoch: int, where: str, scratch: str) -> dict:
     cut = find_snapshot_cut(copy, workers, epoch, per_epoch)
     if "why_not" in cut:
         return cut
-    path = os.path.join(scratch, "cut.msgpack")
-    with open(path, "wb") as f:
-        f.write(
-            msgpack.packb({"steps": cut["steps"], "ops": cut["ops"], "inflight": cut["inflight"]}, use_bin_type=True)
-        )
+    # the positions for every task; the frames in flight for the stage-0 task of their sender only
+    path = _write_msgpack(os.path.join(scratch, "cut.msgpack"), {"steps": cut["steps"], "ops": cut["ops"]})
+    inflight = {
+        w: _write_msgpack(os.path.join(scratch, f"inflight-w{w}.msgpack"), rows) for w, rows in cut["inflight"].items()
+    }
     steps = ", ".join(f"{s}" for _, s in sorted(cut["steps"].items()))
-    where = "at the end of the input" if epoch is None else f"at or before epoch {epoch}"
     flying = sum(len(v) for v in cut["inflight"].values())
     return {
         "epoch": cut["epoch"],
@@ -532,7 +542,7 @@ def _snapshots_before(copy: str, workers: int, epoch: int | None, per_epoch: int
             f"with {flying} frames in flight at it"
         ),
         "in_flight": flying,
-        "restore": {"kind": "nosync", "cut": path, "state_dir": copy},
+        "restore": {"kind": "nosync", "cut": path, "inflight": inflight, "state_dir": copy},
     }
 
 

@@ -54,6 +54,7 @@ deterministic given its input order fails the run, naming the link and chan_seq)
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -130,12 +131,9 @@ def store_state(store: Any, i: int, op: Any, as_of: int) -> None:
     stood after step `as_of`, all of it at once."""
     items = store.scan((i,), as_of=as_of)
     if isinstance(op, JoinOp):
-        state = op.state
-        for key, v in items:
-            sides = state.get(key[1])
-            if sides is None:
-                sides = state[key[1]] = ([], [])
-            sides[key[2]].append(statecodec.unpack(v) if type(v) is bytes else v)
+        # a key's increments are contiguous in the scan, in index order
+        for k, increments in itertools.groupby(items, key=lambda kv: kv[0][1]):
+            op.state[k] = _join_sides(increments)
     else:
         op.restore_keyed((key[1], v) for key, v in items)
 

@@ -107,6 +107,29 @@ def run_keyed_count(base, mode: str, records: int, *options: str):
     return run_dir, out
 
 
+def load_run(run_dir) -> tuple[dict, ns.Pipeline]:
+    """The run's run.json and its pipeline."""
+    with open(run_dir / "run.json", encoding="utf-8") as f:
+        run = json.load(f)
+    return run, load_pipeline(run["pipeline_file"], run["params"])
+
+
+def counts_from(run: dict, start: dict, until_epoch: int | None, spark, scratch) -> dict:
+    """keyed_count's counts at the end of `until_epoch` (None: of the input), by batch jobs
+    that start where `start` (`choose_start`) says."""
+    got = keyed_state(
+        run["pipeline_file"],
+        run["params"],
+        "aggregate_1",
+        epoch_records=PER_EPOCH,
+        until_epoch=until_epoch,
+        spark=spark,
+        run_dir=str(scratch),
+        restore=start["restore"],
+    )
+    return dict(got)
+
+
 def listing(d) -> dict:
     return {os.path.join(r, f): os.stat(os.path.join(r, f)).st_mtime_ns for r, _, files in os.walk(d) for f in files}
 
@@ -180,9 +203,7 @@ def test_rewind_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, origin
 def test_inspect_names_the_first_epoch_a_checkpoint_can_start(tmp_path, original_abs):
     run_dir, _ = original_abs
     first = inspect_run(str(run_dir))["checkpoints"]["rewind_from_epoch"]
-    with open(run_dir / "run.json", encoding="utf-8") as f:
-        run = json.load(f)
-    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    run, pipeline = load_run(run_dir)
     assert choose_start(str(run_dir), run, pipeline, first, str(tmp_path / "a"), "checkpoint")["checkpoint"] >= 1
     with pytest.raises(NosyncError, match=f"epoch {first - 1} is outside the run's checkpoint window"):
         choose_start(str(run_dir), run, pipeline, first - 1, str(tmp_path / "b"), "checkpoint")
@@ -268,22 +289,11 @@ def test_state_of_an_abs_run_starts_from_its_checkpoint(spark, tmp_path, origina
     newest checkpoint whose cut lies before epoch e begins."""
     run_dir, _ = original_abs
     want, _, epoch = checkpoint_and_epoch(cuts(run_dir))
-    with open(run_dir / "run.json", encoding="utf-8") as f:
-        run = json.load(f)
-    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    run, pipeline = load_run(run_dir)
     start = choose_start(str(run_dir), run, pipeline, epoch, str(tmp_path / "q"))
     assert start["checkpoint"] == want
-    got = keyed_state(
-        run["pipeline_file"],
-        run["params"],
-        "aggregate_1",
-        epoch_records=PER_EPOCH,
-        until_epoch=epoch,
-        spark=spark,
-        run_dir=str(tmp_path / "q"),
-        restore=start["restore"],
-    )
-    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
+    got = counts_from(run, start, epoch, spark, tmp_path / "q")
+    assert got == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
     cli = [sys.executable, "-m", "cli.main", "state", str(run_dir), "--operator", "aggregate_1"]
     proc = subprocess.run(
         [*cli, "--as-of-epoch", str(epoch), "--key", "7"], cwd=ROOT, capture_output=True, text=True, timeout=300
@@ -370,44 +380,23 @@ def test_rewind_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_pa
 def test_state_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_path, original_nosync):
     run_dir, _ = original_nosync
     epoch = ABS_RECORDS // 2 // PER_EPOCH // 3
-    with open(run_dir / "run.json", encoding="utf-8") as f:
-        run = json.load(f)
-    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    run, pipeline = load_run(run_dir)
     start = choose_start(str(run_dir), run, pipeline, epoch, str(tmp_path / "q"), "checkpoint")
     assert start["restore"]["kind"] == "nosync"
     check_cut(snapshot_metas(run_dir, tmp_path), start["upto"], epoch)
-    got = keyed_state(
-        run["pipeline_file"],
-        run["params"],
-        "aggregate_1",
-        epoch_records=PER_EPOCH,
-        until_epoch=epoch,
-        spark=spark,
-        run_dir=str(tmp_path / "q"),
-        restore=start["restore"],
-    )
-    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
+    got = counts_from(run, start, epoch, spark, tmp_path / "q")
+    assert got == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
     # at the end of the input: a cut before the sources read their last records, so that the
     # jobs have something to run on (a cut after it would hand back no state at all)
     start = choose_start(str(run_dir), run, pipeline, None, str(tmp_path / "e"), "checkpoint")
     assert start["restore"]["kind"] == "nosync" and start["records"] < ABS_RECORDS, start["start"]
-    got = keyed_state(
-        run["pipeline_file"],
-        run["params"],
-        "aggregate_1",
-        epoch_records=PER_EPOCH,
-        spark=spark,
-        run_dir=str(tmp_path / "e"),
-        restore=start["restore"],
-    )
-    assert dict(got) == dict(collections.Counter(str(i % KEYS) for i in range(ABS_RECORDS)))
+    got = counts_from(run, start, None, spark, tmp_path / "e")
+    assert got == dict(collections.Counter(str(i % KEYS) for i in range(ABS_RECORDS)))
 
 
 def test_a_nosync_run_before_its_first_snapshot(tmp_path, original_nosync):
     run_dir, _ = original_nosync
-    with open(run_dir / "run.json", encoding="utf-8") as f:
-        run = json.load(f)
-    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    run, pipeline = load_run(run_dir)
     first = min(
         max(part[2] for part in m["ops"]["source_1"]["parts"])
         for w in snapshot_metas(run_dir, tmp_path).values()
@@ -424,9 +413,7 @@ def test_inspect_names_the_first_epoch_a_cut_of_snapshots_can_start(tmp_path, or
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)  # inspect opens the stores, which rewrites LevelDB's files
     first = inspect_run(str(copy))["snapshots"]["rewind_from_epoch"]
-    with open(run_dir / "run.json", encoding="utf-8") as f:
-        run = json.load(f)
-    pipeline = load_pipeline(run["pipeline_file"], run["params"])
+    run, pipeline = load_run(run_dir)
     assert first >= 1, "a worker's first snapshot comes after its first read"
     start = choose_start(str(run_dir), run, pipeline, first, str(tmp_path / "a"), "checkpoint")
     assert start["restore"]["kind"] == "nosync"
