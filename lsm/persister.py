@@ -90,7 +90,7 @@ class Persister(threading.Thread):
 
     def _upload_due(self) -> bool:
         log = self.s._log
-        if not log.segments:
+        if not log.segments or not self.s.options.uploads:
             return False
         if any(seg.sealed and seg.last > self.s._durable_remote for seg in log.segments[-2:]):
             return True

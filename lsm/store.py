@@ -70,6 +70,8 @@ class StoreOptions:
     """A non-empty log segment older than this is sealed and uploaded."""
     compact_every_updates: int = 8 << 20
     """The persister runs compaction after indexing this many updates (0: never by itself)."""
+    uploads: bool = True
+    """False: nothing goes to the remote tier (a copy of a store, opened to be read)."""
 
 
 @dataclass
@@ -421,6 +423,8 @@ class Store:
         self.durable(level)
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
+        if level == "remote" and not self.options.uploads:
+            raise LsmError(f"store {self.path} was opened with uploads=False: nothing goes to its remote tier")
         with self._cond:
             self._freeze_locked()
             target = self._last
@@ -550,32 +554,39 @@ class Store:
     # -- closing ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Makes everything appended durable on the disk tier, stops the persister, unlocks."""
+        """Makes everything appended durable on the disk tier, stops the persister, unlocks.
+
+        A clean close also indexes every memtable in LevelDB and has LevelDB write its own
+        memtable out, so the next open (of these files, or of a copy: rewind and state read
+        copies of a run's stores) replays no log of either."""
         if self._closed:
             return
+        settle = False
         try:
             self.flush("disk")
+            self._persister.drain_index()
+            settle = True
         finally:
-            self._shutdown()
+            self._shutdown(settle)
 
     def abandon(self) -> None:
         """Closes without flushing: what is not durable is lost, as in a crash (for tests)."""
         if not self._closed:
             self._shutdown()
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, settle: bool = False) -> None:
         self._persister.stop()
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._iter = None
-        self._release_handles()
+        self._release_handles(settle)
 
-    def _release_handles(self) -> None:
+    def _release_handles(self, settle: bool = False) -> None:
         if getattr(self, "_log", None) is not None:
             self._log.close()
         if getattr(self, "_disk", None) is not None:
-            self._disk.close()
+            self._disk.close(settle=settle)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

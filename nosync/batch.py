@@ -278,7 +278,7 @@ def _restore_snapshot(host: _Host, ops: list, p: PhysicalPlan) -> None:
     metas = cut["ops"][host.index]
     index = {n.name: i for i, n in enumerate(p.pipeline.nodes)}
     path = os.path.join(r["state_dir"], f"w{host.index}", "nosync")
-    store = lsm.Store(path, retention=1 << 62, compact_every_updates=0)
+    store = lsm.Store(path, retention=1 << 62, compact_every_updates=0, uploads=False)
     try:
         for op in ops:
             meta = metas.get(op.name)
@@ -312,7 +312,7 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
                     f"checkpoint {c} holds keyed state of operator '{op.name}' of worker {host.index}, but its "
                     f"store {path} is missing"
                 )
-            store = lsm.Store(path, retention=r["retention"], compact_every_updates=0)
+            store = lsm.Store(path, retention=r["retention"], compact_every_updates=0, uploads=False)
             try:
                 if store.last_seq < c:
                     raise NosyncError(

@@ -164,7 +164,7 @@ def _stores_hold(state_dir: str, c: int) -> str | None:
     from nosync.modes.abs import RETENTION
 
     def check(path: str) -> str | None:
-        store = lsm.Store(path, retention=RETENTION, compact_every_updates=0)
+        store = lsm.Store(path, retention=RETENTION, compact_every_updates=0, uploads=False)
         try:
             if c < store.horizon:
                 w, name = path.split(os.sep)[-2:]
@@ -225,7 +225,7 @@ class SnapshotLogs:
         from nosync.modes.nosync import iter_snapshots
 
         def open_one(w: int) -> tuple[Any, list[dict]]:
-            store = lsm.Store(self.paths[w], retention=1 << 62, compact_every_updates=0)
+            store = lsm.Store(self.paths[w], retention=1 << 62, compact_every_updates=0, uploads=False)
             try:
                 return store, list(iter_snapshots(store))
             except BaseException:

@@ -53,7 +53,7 @@ def _durable(path: str) -> dict:
     import lsm
 
     try:
-        s = lsm.Store(path)
+        s = lsm.Store(path, compact_every_updates=0, uploads=False)
     except lsm.StoreLockedError:
         return {"in_use": True}
     except lsm.LsmError as e:

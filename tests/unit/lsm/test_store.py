@@ -382,6 +382,38 @@ def test_close_keeps_everything_and_abandon_keeps_what_is_durable(open_store: Op
         assert dict(s.scan(as_of=seq)) == state_of(HISTORY, seq)
 
 
+def test_close_leaves_leveldb_no_log_to_recover(open_store: OpenStore, tmp_path) -> None:  # noqa: ANN001
+    s = open_store(flush_interval_s=60)
+    append_all(s, HISTORY)
+    # enough that LevelDB is still indexing them when the log has made them durable
+    bulk = [(seq, [(f"k{i}", seq) for i in range(20_000)]) for seq in range(10, 20)]
+    append_all(s, bulk)
+    s.close()
+    disk = tmp_path / "store" / "disk"
+    logs = {p.name: p.stat().st_size for p in disk.iterdir() if p.suffix == ".log"}
+    assert logs and all(size == 0 for size in logs.values()), logs
+    assert any(p.suffix == ".ldb" for p in disk.iterdir())
+    # LevelDB alone holds every version: a copy without the store's own log has them all
+    shutil.copytree(tmp_path / "store", tmp_path / "copy")
+    shutil.rmtree(tmp_path / "copy" / "log")
+    c = open_store("copy", flush_interval_s=60)
+    assert c.last_seq == 19
+    for seq in [*range(-1, 11), 19]:
+        assert dict(c.scan(as_of=seq)) == state_of(HISTORY + bulk, seq)
+
+
+def test_a_store_opened_without_uploads_refuses_a_remote_flush(open_store: OpenStore) -> None:
+    s = open_store(seal_interval_s=0.01)
+    append_all(s, HISTORY)
+    s.close()
+    s = open_store(seal_interval_s=0.01, uploads=False)
+    with pytest.raises(LsmError, match="uploads=False"):
+        s.flush("remote", timeout=TIMEOUT_S)
+    assert dict(s.scan()) == state_of(HISTORY)
+    s.close()
+    assert remote_files(s) == []
+
+
 # -- rollback ------------------------------------------------------------------------------
 
 
