@@ -229,16 +229,20 @@ class DiskTier:
         A key's versions lie newest first; past SEEK_AFTER versions to pass over in a row, the
         iterator seeks (to the first version at or below `as_of`, or past the key's last),
         so a key with a long history costs two seeks, not a step per version."""
+        if as_of < 0:
+            return  # no version is old enough
         start = prefix if prefix else DATA_START
-        floor = _SEQ.pack(_INV - as_of) if as_of >= 0 else _LAST  # below 0: no version is old enough
+        # a version is newer than as_of when its inverted seq sorts below this one's (the
+        # 8 bytes compare as the numbers they encode)
+        floor = _SEQ.pack(_INV - as_of)
         done = None
         passed = 0
         with self.db.iterator(start=start, include_value=True) as it:
             for mkey, raw in it:
                 if not mkey.startswith(prefix):
                     break
-                ekey, seq = split_mvcc_key(mkey)
-                if ekey == done or seq > as_of:
+                ekey = mkey[:-8]
+                if ekey == done or mkey[-8:] < floor:
                     passed += 1
                     if passed >= SEEK_AFTER:
                         # the prefix-free encoding puts every version of ekey between these

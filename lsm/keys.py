@@ -102,6 +102,11 @@ def decode_key(buf: bytes, pos: int = 0) -> tuple[object, int]:
     t = buf[pos]
     pos += 1
     if t == T_BYTES or t == T_STR:
+        end = buf.index(b"\x00", pos)
+        if end + 1 < len(buf) and buf[end + 1] == 0x01:
+            # no escaped NUL in it (the common case): one slice
+            raw = buf[pos:end]
+            return (raw if t == T_BYTES else raw.decode("utf-8", "surrogatepass")), end + 2
         out = bytearray()
         while True:
             end = buf.index(b"\x00", pos)
