@@ -64,6 +64,11 @@ restored run can leave a destination nothing else: its inputs ended before the c
 DEFAULT_EPOCH_RECORDS = 10_000
 
 
+def epoch_records_of(run: dict) -> int:
+    """The records per source partition that cut the epochs of a run (its run.json)."""
+    return int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+
+
 def stages(p: PhysicalPlan) -> dict[int, int]:
     """node id -> its stage."""
     edges = graph_edges(p)

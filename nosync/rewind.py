@@ -428,7 +428,7 @@ def choose_start(
     start; `ops`, per worker, the operators' metadata there; `records`, what the sources had
     read. `blocker`: a reason of the caller's not to start from the run's state. Raises
     NosyncError when `restore_from` is "checkpoint" and there is none to start from."""
-    from nosync.batch import DEFAULT_EPOCH_RECORDS
+    from nosync.batch import epoch_records_of
 
     _check_restore_from(restore_from)
     mode = run.get("mode")
@@ -440,7 +440,7 @@ def choose_start(
     none: dict = {"checkpoint": -1, "why_not": None, "restore": None, "start": "the sources"}
     if mode not in ("abs", "nosync") or restore_from == "sources":
         return none
-    per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+    per_epoch = epoch_records_of(run)
     where = "at the end of the input" if epoch is None else f"at or before epoch {epoch}"
     point: dict = {}
     why_not = blocker

@@ -68,10 +68,10 @@ def _first_cut_epoch(run_dir: str, run: dict) -> int | None:
     """The first epoch `rewind` can start from a consistent cut of a nosync run's retained
     snapshots (None: none, or its stores are in use or unreadable)."""
     import lsm
-    from nosync.batch import DEFAULT_EPOCH_RECORDS
+    from nosync.batch import epoch_records_of
     from nosync.rewind import SnapshotLogs
 
-    per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+    per_epoch = epoch_records_of(run)
     logs = SnapshotLogs(os.path.join(run_dir, "state"), int(run.get("workers") or 0), per_epoch)
     if logs.missing() is not None:
         return None
@@ -142,10 +142,10 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
         if on_disk and not run.get("epoch_ms"):
             # the first epoch `rewind` can start from a retained checkpoint (if its stores
             # still hold that checkpoint's versions: they keep the last abs.RETENTION)
-            from nosync.batch import DEFAULT_EPOCH_RECORDS
+            from nosync.batch import epoch_records_of
             from nosync.rewind import iter_usable_checkpoints
 
-            per_epoch = int(run.get("epoch_records") or DEFAULT_EPOCH_RECORDS)
+            per_epoch = epoch_records_of(run)
             try:
                 firsts = [first for *_, first in iter_usable_checkpoints(run_dir, run.get("pipeline"), per_epoch)]
             except NosyncError:
