@@ -65,8 +65,11 @@ class DiskTier:
         self.horizon = _meta_int(self.db, META_HORIZON, -1)
         self._packer = make_packer()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="lsm-leveldb-writer")
+        self.wrote = False
+        """Whether anything was written since the open (else LevelDB's memtable is empty)."""
 
     def _write(self, wb: plyvel.WriteBatch, seq: int) -> None:
+        self.wrote = True
         wb.write()
         self.applied = seq
 
@@ -125,6 +128,7 @@ class DiskTier:
     def rollback(self, seq: int, records: list[Record] | None) -> None:
         """Deletes every version above `seq`. With the log's records of those seqs, only their
         keys are visited; without them (the log was trimmed), the whole tier is scanned."""
+        self.wrote = True
         wb = self.db.write_batch(sync=True)
         if records is not None:
             for rec in records:
@@ -154,6 +158,7 @@ class DiskTier:
         between keys, never inside one (a tombstone deleted without the older versions it
         hides would bring them back). A crash part-way changes no read at or after `horizon`.
         """
+        self.wrote = True
         self.db.put(META_HORIZON, _meta_bytes(horizon), sync=True)
         self.horizon = horizon
         dropped = 0
@@ -196,8 +201,10 @@ class DiskTier:
         self._writer.shutdown(wait=True)
         if not self.db.closed:
             try:
-                if settle:
+                if settle and self.wrote:
                     # a range no table holds: LevelDB flushes the memtable, compacts nothing
+                    # (not after reads alone: the flush would wait behind LevelDB's own
+                    # background compaction, which an open may have started)
                     self.db.compact_range(start=b"\x00", stop=b"\x00")
             finally:
                 self.db.close()
@@ -205,6 +212,7 @@ class DiskTier:
     def load_image(self, seq: int, keys: list[bytes], values: list[bytes]) -> None:
         """Fills an empty tier with a base image: every key's value as a version at `seq`,
         which becomes both the applied point and the horizon (nothing older is known)."""
+        self.wrote = True
         wb = self.db.write_batch(sync=True)
         for k, v in zip(keys, values, strict=True):
             wb.put(mvcc_key(k, seq), v)
