@@ -49,7 +49,7 @@ import msgpack
 
 from nosync import checkpoints, sinks
 from nosync.errors import NosyncError, PipelineError, RunFailed
-from nosync.modes import WorkerHooks
+from nosync.modes import WorkerHooks, read_store
 from nosync.operators import EOS, KeyedOp, SinkOp
 from nosync.pipeline import KEYED_KINDS, require_replayable
 from nosync.plan import PhysicalPlan, plan
@@ -274,7 +274,6 @@ def _restore_snapshot(host: _Host, ops: list, p: PhysicalPlan) -> None:
     run's snapshots (`rewind.find_snapshot_cut`): keyed state as of the snapshot's step from
     (a copy of) the worker's store, the rest from the snapshot's metadata. The frames in
     flight at the cut are stage 0's to emit (`_sources_task`)."""
-    import lsm
     from nosync.modes.nosync import store_state
 
     r = host.spec["restore"]
@@ -283,7 +282,7 @@ def _restore_snapshot(host: _Host, ops: list, p: PhysicalPlan) -> None:
     metas = cut["ops"][host.index]
     index = {n.name: i for i, n in enumerate(p.pipeline.nodes)}
     path = os.path.join(r["state_dir"], f"w{host.index}", "nosync")
-    store = lsm.Store(path, retention=1 << 62, compact_every_updates=0, uploads=False)
+    store = read_store(path)
     try:
         for op in ops:
             meta = metas.get(op.name)
@@ -301,8 +300,6 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
     from (copies of) the run's stores, the rest (source positions, frontiers, watermarks,
     window and join bookkeeping) from its metadata. An operator the checkpoint does not
     name (inside a loop, which holds nothing between two batches) starts as built."""
-    import lsm
-
     r = host.spec["restore"]
     c = int(r["checkpoint"])
     metas = checkpoints.read(r["path"])["workers"][host.index]["ops"]
@@ -317,7 +314,7 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
                     f"checkpoint {c} holds keyed state of operator '{op.name}' of worker {host.index}, but its "
                     f"store {path} is missing"
                 )
-            store = lsm.Store(path, retention=r["retention"], compact_every_updates=0, uploads=False)
+            store = read_store(path)
             try:
                 if store.last_seq < c:
                     raise NosyncError(

@@ -61,6 +61,7 @@ from lsm import LsmError
 from nosync import checkpoints, sinks
 from nosync.errors import NosyncError, PipelineError
 from nosync.loader import load_pipeline
+from nosync.modes import read_store
 from nosync.pipeline import Pipeline
 
 RESTORE_FROM = ("auto", "checkpoint", "sources")
@@ -160,11 +161,8 @@ def _stores_hold(state_dir: str, c: int) -> str | None:
     parallel."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import lsm
-    from nosync.modes.abs import RETENTION
-
     def check(path: str) -> str | None:
-        store = lsm.Store(path, retention=RETENTION, compact_every_updates=0, uploads=False)
+        store = read_store(path)
         try:
             if c < store.horizon:
                 w, name = path.split(os.sep)[-2:]
@@ -221,11 +219,10 @@ class SnapshotLogs:
     def __enter__(self) -> SnapshotLogs:
         from concurrent.futures import ThreadPoolExecutor
 
-        import lsm
         from nosync.modes.nosync import iter_snapshots
 
         def open_one(w: int) -> tuple[Any, list[dict]]:
-            store = lsm.Store(self.paths[w], retention=1 << 62, compact_every_updates=0, uploads=False)
+            store = read_store(self.paths[w])
             try:
                 return store, list(iter_snapshots(store))
             except BaseException:
@@ -478,8 +475,6 @@ def choose_start(
 def _checkpoint_before(
     run_dir: str, pipeline: Pipeline, epoch: int | None, per_epoch: int, where: str, scratch: str
 ) -> dict:
-    from nosync.modes.abs import RETENTION
-
     point = find_checkpoint_before(run_dir, pipeline, epoch, per_epoch)
     c = point["checkpoint"]
     if c < 0:
@@ -509,7 +504,6 @@ def _checkpoint_before(
             "checkpoint": c,
             "path": chk,
             "state_dir": os.path.join(scratch, "state"),
-            "retention": RETENTION,
         },
     }
 

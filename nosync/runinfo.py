@@ -51,9 +51,10 @@ def _durable(path: str) -> dict:
     """The seqs a store holds and has made durable per tier; opening it takes its lock, so a
     store of a live run is reported as in use."""
     import lsm
+    from nosync.modes import read_store
 
     try:
-        s = lsm.Store(path, compact_every_updates=0, uploads=False)
+        s = read_store(path)
     except lsm.StoreLockedError:
         return {"in_use": True}
     except lsm.LsmError as e:

@@ -168,6 +168,14 @@ LOCK_WAIT_S = 30.0
 """How long a restarting worker waits for the store lock of a previous attempt to go."""
 
 
+def read_store(path: str) -> Any:
+    """Opens the `lsm` store at `path` (a run's, or a copy of it) only to read it: its persister
+    neither compacts it (so no retention applies) nor uploads its log to the remote tier."""
+    import lsm
+
+    return lsm.Store(path, compact_every_updates=0, uploads=False)
+
+
 def open_store(worker: Any, path: str, what: str, **options: Any) -> Any:
     """Opens the `lsm` store at `path` for `worker`, waiting (with heartbeats) while the
     process of an attempt being killed still holds its lock; `what` names it in errors."""
