@@ -65,3 +65,28 @@ def tree_bytes(path: str) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+TABLE_SUFFIXES = (".ldb", ".sst")
+"""LevelDB's sorted tables: written once, never opened for writing again (a compaction writes
+new ones and deletes the old)."""
+
+
+def copy_store(src: str, dst: str) -> None:
+    """A copy at `dst` of the store (or tree of stores) at `src`, to open in its place: opening
+    a store writes to its files (LevelDB recovers its log into a new table and writes a new
+    manifest; a torn tail of the store's log is cut). LevelDB's tables are hard links where
+    the file system allows (they are never written again, and removing a link leaves the
+    other), every other file a copy; lock files are left out."""
+    import shutil
+
+    def link_or_copy(s: str, d: str) -> str:
+        if s.endswith(TABLE_SUFFIXES):
+            try:
+                os.link(s, d)
+                return d
+            except OSError:
+                pass  # another file system, or links not allowed: a copy
+        return shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK"), copy_function=link_or_copy)

@@ -1,16 +1,19 @@
 """What a run directory holds, for `nosync inspect`: the pipeline and mode, epochs and safe
 points, checkpoints (abs), durable points and storage per tier (nosync), recoveries and what
-each cost. Everything is read from the files a run leaves; nothing is changed."""
+each cost. Everything is read from the files a run leaves; nothing is changed (a store is
+opened from a copy: opening one writes to its files)."""
 
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import re
+import tempfile
 from typing import Any
 
-from lsm.files import tree_bytes
+from lsm.files import copy_store, tree_bytes
 from nosync.errors import NosyncError
 
 TIERS = ("log", "disk", "remote")
@@ -47,16 +50,29 @@ def _stores(run_dir: str) -> list[dict]:
     return out
 
 
+def _in_use(path: str) -> bool:
+    """Whether a process (a live run) holds the lock of the store at `path`. The lock is
+    taken and let go at once when it is free; nothing is written."""
+    try:
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # lets the lock go
+    return False
+
+
 def _durable(path: str) -> dict:
-    """The seqs a store holds and has made durable per tier; opening it takes its lock, so a
-    store of a live run is reported as in use."""
+    """The seqs a store (a copy) holds and has made durable per tier."""
     import lsm
     from nosync.modes import read_store
 
     try:
         s = read_store(path)
-    except lsm.StoreLockedError:
-        return {"in_use": True}
     except lsm.LsmError as e:
         return {"error": str(e)}
     try:
@@ -65,15 +81,16 @@ def _durable(path: str) -> dict:
         s.close()
 
 
-def _first_cut_epoch(run_dir: str, run: dict) -> int | None:
+def _first_cut_epoch(state_dir: str, run: dict) -> int | None:
     """The first epoch `rewind` can start from a consistent cut of a nosync run's retained
-    snapshots (None: none, or its stores are in use or unreadable)."""
+    snapshots, from copies of its stores under `state_dir` (None: none, or a store is
+    missing or unreadable)."""
     import lsm
     from nosync.batch import epoch_records_of
     from nosync.rewind import SnapshotLogs
 
     per_epoch = epoch_records_of(run)
-    logs = SnapshotLogs(os.path.join(run_dir, "state"), int(run.get("workers") or 0), per_epoch)
+    logs = SnapshotLogs(state_dir, int(run.get("workers") or 0), per_epoch)
     if logs.missing() is not None:
         return None
     try:
@@ -152,12 +169,24 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             except NosyncError:
                 firsts = []  # checkpoints of another pipeline: none to start from
             info["checkpoints"]["rewind_from_epoch"] = min(firsts, default=None)
-    if open_stores and run.get("mode") == "nosync" and not run.get("epoch_ms"):
-        info["snapshots"] = {"rewind_from_epoch": _first_cut_epoch(run_dir, run)}
     stores = _stores(run_dir)
     if open_stores:
-        for s in stores:
-            s.update(_durable(s["path"]))
+        with tempfile.TemporaryDirectory(prefix="nosync-inspect-") as copies:
+            busy = False
+            for s in stores:
+                if _in_use(s["path"]):
+                    s["in_use"] = busy = True
+                    continue
+                copy = os.path.join(copies, f"w{s['worker']}", s["store"])
+                try:
+                    copy_store(s["path"], copy)
+                except OSError as e:
+                    s["error"] = f"cannot be copied to be read: {e}"
+                    continue
+                s.update(_durable(copy))
+            if run.get("mode") == "nosync" and not run.get("epoch_ms"):
+                first = None if busy else _first_cut_epoch(copies, run)
+                info["snapshots"] = {"rewind_from_epoch": first}
     info["stores"] = stores
     info["storage_bytes"] = {t: sum(s[f"{t}_bytes"] for s in stores) for t in TIERS}
     recoveries = (summary or {}).get("recoveries") or []

@@ -7,6 +7,7 @@ horizon in these small stores) as the public way to wait until LevelDB holds eve
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from lsm import (
     StoreClosedError,
     StoreLockedError,
 )
+from lsm.files import copy_store
 from lsm.keys import encode_key
 
 TIMEOUT_S = 5.0
@@ -400,6 +402,42 @@ def test_close_leaves_leveldb_no_log_to_recover(open_store: OpenStore, tmp_path)
     assert c.last_seq == 19
     for seq in [*range(-1, 11), 19]:
         assert dict(c.scan(as_of=seq)) == state_of(HISTORY + bulk, seq)
+
+
+def contents(root: str) -> dict[str, str]:
+    """Every file under `root`: its path -> the sha256 of its bytes."""
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            with open(os.path.join(d, n), "rb") as f:
+                out[os.path.relpath(os.path.join(d, n), root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_a_copy_of_a_store_is_written_without_touching_the_original(open_store: OpenStore, tmp_path) -> None:  # noqa: ANN001
+    s = open_store(flush_interval_s=60)
+    append_all(s, HISTORY)
+    bulk = [(seq, [(f"k{i}", seq) for i in range(20_000)]) for seq in range(10, 20)]
+    append_all(s, bulk)
+    s.close()
+    original = str(tmp_path / "store")
+    before = contents(original)
+    copy_store(original, str(tmp_path / "copy"))
+    tables = [n for n in before if n.endswith(".ldb")]
+    assert tables and all(os.path.samefile(tmp_path / "store" / n, tmp_path / "copy" / n) for n in tables)
+    assert not [n for n in contents(str(tmp_path / "copy")) if os.path.basename(n) == "LOCK"]
+    # the copy is written every way a store writes: its log, LevelDB's tables rewritten
+    # whole by a compaction that drops old versions, the remote tier
+    c = open_store("copy", flush_interval_s=60, retention=0)
+    c.append(20, [("k1", "changed"), ("k2", TOMBSTONE)])
+    c.compact()
+    assert c.get("k1") == "changed" and c.get("k3") == 19
+    c.close()
+    assert contents(original) == before
+    o = open_store("store")
+    assert o.last_seq == 19
+    assert dict(o.scan()) == state_of(HISTORY + bulk)
+    assert dict(o.scan(as_of=5)) == state_of(HISTORY, 5)
 
 
 def test_a_store_opened_without_uploads_refuses_a_remote_flush(open_store: OpenStore) -> None:
