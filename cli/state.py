@@ -83,6 +83,7 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
             keys=None if key is None else _candidates(key),
             run_dir=scratch,
             restore=start["restore"],
+            input_logs=start["input_logs"],
         )
     except PipelineError as e:
         click.echo(f"error: {e}", err=True)

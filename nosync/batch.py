@@ -34,6 +34,10 @@ starts them from a consistent cut of its workers' snapshots the same way, and st
 emits the frames that were in flight at the cut, which sort ahead of everything else on
 their link.
 
+A source that cannot restart from a position (TcpLines) refuses batch jobs, except over a
+nosync run's input log (`input_logs` in the spec, a copy of the run's logs): task w then
+reads the chunks worker w logged, and ends where its log ends.
+
 A task that raises does not let Spark retry it (the embedded master retries tasks as often
 as streaming workers may be retried): it ends with an ERROR row, which the driver raises.
 """
@@ -115,11 +119,48 @@ class _Host:
         self.rows: list[tuple] = []
         self.seq = 0
         self.writers: list = []
+        self._inputs: Any = None
 
     dead_letter = Worker.dead_letter
 
+    def input_log(self) -> Any:
+        """This worker's input log in the copy of the run's logs, opened on first use."""
+        if self._inputs is None:
+            path = os.path.join(self.spec["input_logs"], f"w{self.index}", "input")
+            if not os.path.isdir(path):
+                raise NosyncError(f"worker {self.index} of the run left no input log: {path} does not exist")
+            self._inputs = read_store(path)
+        return self._inputs
+
+    def close(self) -> None:
+        if self._inputs is not None:
+            self._inputs.close()
+            self._inputs = None
+
     def keepalive(self) -> None:
         pass
+
+
+class _LoggedSource:
+    """A source that cannot restart from a position, read back from the input log a nosync
+    run kept of it (`modes.nosync.InputLog`): the chunks worker w logged, then its end."""
+
+    replayable = True
+
+    def __init__(self, inner: Any, index: int, host: _Host) -> None:
+        self.inner, self.index, self.host = inner, index, host
+
+    def partitions(self, workers: int | None = None) -> list[dict]:
+        return self.inner.partitions(workers)
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} from the run's input log"
+
+    def read(self, part: dict, offset: Any, chunk: int, on_bad: Any) -> Any:
+        from nosync.modes.nosync import InputLog
+
+        log = InputLog(self.inner, self.index, self.host.input_log(), None, live=False)
+        return log.read(part, offset, chunk, on_bad)
 
 
 class _Capture:
@@ -211,7 +252,16 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
         return SinkOp(n, sink.open_part(host.index, run_id), host.clock)
 
     def source_op(q: PhysicalPlan) -> Any:
-        return lambda n: SourceOp(n, q.source_parts[n.id][host.index], host)
+        # a streaming worker numbers its sources in node order (its input log's keys)
+        number = {n.id: i for i, n in enumerate(m for m in q.pipeline.nodes if m.kind == "source")}
+
+        def make(n: Any) -> SourceOp:
+            op = SourceOp(n, q.source_parts[n.id][host.index], host)
+            if not op.source.replayable and host.spec.get("input_logs"):
+                op.source = _LoggedSource(op.source, number[n.id], host)
+            return op
+
+        return make
 
     hooks = WorkerHooks()
     ops, by_id = build_ops(p, keep, source_op(p), lambda n: sink_op(n, not rewind or n.id in cone), hooks)
@@ -448,6 +498,33 @@ def _entries(p: PhysicalPlan, stage: dict[int, int]) -> dict[int, int]:
     return out
 
 
+def _read_sources(p: PhysicalPlan, stage: dict[int, int], host: _Host) -> None:
+    """Stage 0 on one worker: its sources read to the end (or to epoch `until_epoch`), the
+    rows for later stages left in `host.rows`."""
+    spec = host.spec
+    ops, _ = _task_graph(p, stage, 0, host)
+    restore = spec.get("restore")
+    if restore is not None and restore.get("kind") == "nosync":
+        # what this worker had sent that its receivers had not consumed at the cut
+        host.rows.extend(tuple(row) for row in _read_msgpack(restore["inflight"][host.index]))
+    if restore is not None:
+        # every later stage runs this worker's task, so that its operators hand back
+        # their state and close their sinks even if no record or marker reaches them
+        for e in _entries(p, stage).values():
+            host.rows.append((host.index, e, host.index, 0, HERE, -1, b""))
+    sources = [op for op in ops if isinstance(op, SourceOp)]
+    until = spec.get("until_epoch")
+    busy = True
+    while busy:
+        busy = False
+        for src in sources:
+            # stopping after epoch `until` closed: no end of input is sent, so the
+            # operators stand as they did at the end of that epoch (windows open)
+            if until is None or src.epoch <= until:
+                busy = src.poll() or busy
+    _close(ops, host, 0)
+
+
 def _sources_task(spec: dict) -> Any:
     """Stage 0: mapInArrow over the task numbers 0..W-1."""
 
@@ -458,27 +535,10 @@ def _sources_task(spec: dict) -> Any:
         for batch in batches:
             for w in batch.column(0).to_pylist():
                 host = _Host(int(w), spec["workers"], spec)
-                ops, _ = _task_graph(p, stage, 0, host)
-                restore = spec.get("restore")
-                if restore is not None and restore.get("kind") == "nosync":
-                    # what this worker had sent that its receivers had not consumed at the cut
-                    host.rows.extend(tuple(row) for row in _read_msgpack(restore["inflight"][host.index]))
-                if restore is not None:
-                    # every later stage runs this worker's task, so that its operators hand back
-                    # their state and close their sinks even if no record or marker reaches them
-                    for e in _entries(p, stage).values():
-                        host.rows.append((host.index, e, host.index, 0, HERE, -1, b""))
-                sources = [op for op in ops if isinstance(op, SourceOp)]
-                until = spec.get("until_epoch")
-                busy = True
-                while busy:
-                    busy = False
-                    for src in sources:
-                        # stopping after epoch `until` closed: no end of input is sent, so the
-                        # operators stand as they did at the end of that epoch (windows open)
-                        if until is None or src.epoch <= until:
-                            busy = src.poll() or busy
-                _close(ops, host, 0)
+                try:
+                    _read_sources(p, stage, host)
+                finally:
+                    host.close()  # the input log it read, if any
                 yield _rows_batch(host.rows)
 
     return run
@@ -552,13 +612,17 @@ def keyed_state(
     batch_size: int = 1024,
     run_dir: str | None = None,
     restore: dict | None = None,
+    input_logs: str | None = None,
 ) -> list[tuple[Any, Any]]:
     """(key, state) of every key of keyed operator `operator` at the end of epoch
     `until_epoch` (None: all the input), recomputed by batch jobs; only those of `keys`, if
-    given. `restore`: a checkpoint of the run to start from (`rewind.choose_start`)."""
+    given. `restore`: a checkpoint of the run to start from, `input_logs`: a copy of its
+    input logs (both from `rewind.choose_start`)."""
     extra = {"state_of": {"operator": operator, "keys": keys}, "until_epoch": until_epoch}
     if restore is not None:
         extra["restore"] = restore
+    if input_logs is not None:
+        extra["input_logs"] = input_logs
     _, state = _run(pipeline_file, params, workers, spark, master, epoch_records, batch_size, run_dir, extra)
     return state
 
@@ -610,7 +674,8 @@ def _run(
         raise NosyncError(f"--workers must be at least 1, got {workers}")
     pipeline = load_pipeline(pipeline_file, params)
     p = plan(pipeline, workers)
-    require_replayable(pipeline, "a batch job", "Spark may run a task again")
+    if not extra.get("input_logs"):
+        require_replayable(pipeline, "a batch job", "Spark may run a task again")
     stage = stages(p)
     last = max(stage.values())
     want = extra.get("state_of")

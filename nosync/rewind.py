@@ -39,6 +39,9 @@ with the same pipeline). The other modes let an instance run ahead on one input:
 with the greatest epoch it has seen, so some of the run's records sit one epoch later than in
 the rewound output; the outputs are then equal as wholes, not epoch by epoch.
 
+A source that cannot restart from a position (TcpLines) is read back from the input log a
+nosync run keeps of it (a copy); a run in another mode cannot be rewound past one.
+
 Nothing in the run directory is changed: stores are copied before they are opened.
 
 The new pipeline must be the same graph (names, kinds, inputs) as the original; outside the
@@ -58,6 +61,7 @@ import msgpack
 
 from lineage import rewind_plan
 from lsm import LsmError
+from lsm.files import copy_store
 from nosync import checkpoints, sinks
 from nosync.errors import NosyncError, PipelineError
 from nosync.loader import load_pipeline
@@ -154,30 +158,50 @@ def find_checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int | Non
     return found
 
 
-def _stores_hold(state_dir: str, c: int) -> str | None:
-    """None if every keyed store under `state_dir` (a copy) still holds its versions as of
-    seq `c`, else why not. Opening a copy for the first time recovers its LevelDB log, the
-    bulk of the cost, which the batch tasks then do not pay again; the stores are opened in
-    parallel."""
+def open_copies(paths: list[str], read: Any, keep: bool) -> list[tuple[Any, Any]]:
+    """Opens the store copies at `paths` in parallel (LevelDB's open, the bulk of the cost,
+    leaves the interpreter lock) and reads each with `read(store)`. Returns, per path, the
+    store (still open if `keep`, else closed) and what `read` returned. If one fails, every
+    store opened is closed and its error raised."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def check(path: str) -> str | None:
+    def open_one(path: str) -> tuple[Any, Any]:
         store = read_store(path)
         try:
-            if c < store.horizon:
-                w, name = path.split(os.sep)[-2:]
-                return f"the store of operator '{name}' of worker {w[1:]} was compacted up to seq {store.horizon}"
-            return None
-        finally:
+            got = read(store)
+        except BaseException:
             store.close()
+            raise
+        if not keep:
+            store.close()
+        return store, got
 
+    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        futures = [pool.submit(open_one, path) for path in paths]
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    if failed is not None:
+        if keep:
+            for f in futures:
+                if f.exception() is None:
+                    f.result()[0].close()
+        raise failed
+    return [f.result() for f in futures]
+
+
+def _stores_hold(state_dir: str, c: int) -> str | None:
+    """None if every keyed store under `state_dir` (a copy) still holds its versions as of
+    seq `c`, else why not. Opening a copy for the first time recovers its LevelDB log, if the
+    run left one, which the batch tasks then do not pay again."""
     paths = [
         os.path.join(state_dir, w, name)
         for w in sorted(os.listdir(state_dir))
         for name in sorted(os.listdir(os.path.join(state_dir, w)))
     ]
-    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
-        return next((why for why in pool.map(check, paths) if why is not None), None)
+    for path, (_, horizon) in zip(paths, open_copies(paths, lambda store: store.horizon, keep=False), strict=True):
+        if c < horizon:
+            w, name = path.split(os.sep)[-2:]
+            return f"the store of operator '{name}' of worker {w[1:]} was compacted up to seq {horizon}"
+    return None
 
 
 SEED_SEQ = -(1 << 40)
@@ -217,28 +241,11 @@ class SnapshotLogs:
         return next((w for w, path in self.paths.items() if not os.path.isdir(path)), None)
 
     def __enter__(self) -> SnapshotLogs:
-        from concurrent.futures import ThreadPoolExecutor
-
         from nosync.modes.nosync import iter_snapshots
 
-        def open_one(w: int) -> tuple[Any, list[dict]]:
-            store = read_store(self.paths[w])
-            try:
-                return store, list(iter_snapshots(store))
-            except BaseException:
-                store.close()
-                raise
-
-        with ThreadPoolExecutor(max(1, min(self.workers, os.cpu_count() or 1))) as pool:
-            futures = [pool.submit(open_one, w) for w in range(self.workers)]
-        failed = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failed is not None:
-            for f in futures:
-                if f.exception() is None:
-                    f.result()[0].close()
-            raise failed
-        for w, f in enumerate(futures):
-            self.stores[w], self.snaps[w] = f.result()
+        paths = [self.paths[w] for w in range(self.workers)]
+        for w, (store, snaps) in enumerate(open_copies(paths, lambda s: list(iter_snapshots(s)), keep=True)):
+            self.stores[w], self.snaps[w] = store, snaps
             self.firsts[w] = [
                 checkpoints.find_first_epoch({"workers": {0: {"ops": m["ops"]}}}, self.per_epoch) for m in self.snaps[w]
             ]
@@ -401,7 +408,32 @@ def _copy_state(run_dir: str, scratch: str) -> str | None:
     if not os.path.isdir(state):
         return None
     copy = os.path.join(scratch, "state")
-    shutil.copytree(state, copy, ignore=shutil.ignore_patterns("LOCK"))
+    copy_store(state, copy)
+    return copy
+
+
+def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str) -> str | None:
+    """For a nosync run with a source that cannot restart from a position: a copy under
+    `scratch` of the input logs its workers kept of such sources, which the batch jobs read in
+    its place (`batch._LoggedSource`); None for a pipeline without one. Raises NosyncError for
+    a run that kept no input log."""
+    live = [n for n in pipeline.nodes if n.kind == "source" and not n.params["source"].replayable]
+    if not live:
+        return None
+    what = f"{live[0].params['source'].describe()} (operator '{live[0].name}') cannot restart from a position"
+    if run.get("mode") != "nosync":
+        raise NosyncError(
+            f"{what}, and only a run in mode nosync keeps an input log to read it back from: {run_dir} is a run in "
+            f"mode {run.get('mode')}"
+        )
+    state = os.path.join(run_dir, "state")
+    logs = sorted(os.listdir(state)) if os.path.isdir(state) else []
+    logs = [w for w in logs if os.path.isdir(os.path.join(state, w, "input"))]
+    if not logs:
+        raise NosyncError(f"{what}, and {run_dir} holds no input log (state/w<worker>/input) to read it back from")
+    copy = os.path.join(scratch, "inputs")
+    for w in logs:
+        copy_store(os.path.join(state, w, "input"), os.path.join(copy, w, "input"))
     return copy
 
 
@@ -423,8 +455,27 @@ def choose_start(
     Also: `start`, what the state comes from, in words; `upto`, per worker, the checkpoint
     (abs) or snapshot step (nosync) up to which the run's output files stand before the
     start; `ops`, per worker, the operators' metadata there; `records`, what the sources had
-    read. `blocker`: a reason of the caller's not to start from the run's state. Raises
-    NosyncError when `restore_from` is "checkpoint" and there is none to start from."""
+    read; `input_logs`, the copy of a nosync run's input logs the jobs read its sources that
+    cannot restart from (`_copy_input_logs`), or None. `blocker`: a reason of the caller's not
+    to start from the run's state. Raises NosyncError when `restore_from` is "checkpoint" and
+    there is none to start from."""
+    point = _choose_start(run_dir, run, pipeline, epoch, scratch, restore_from, blocker)
+    try:
+        point["input_logs"] = _copy_input_logs(run_dir, run, pipeline, scratch)
+    except OSError as e:
+        raise NosyncError(f"the input logs of {run_dir} cannot be copied: {e}") from None
+    return point
+
+
+def _choose_start(
+    run_dir: str,
+    run: dict,
+    pipeline: Pipeline,
+    epoch: int | None,
+    scratch: str,
+    restore_from: str,
+    blocker: str | None,
+) -> dict:
     from nosync.batch import epoch_records_of
 
     _check_restore_from(restore_from)
@@ -622,7 +673,8 @@ def rewind(
             os.makedirs(output, exist_ok=True)
         raise
     finally:
-        shutil.rmtree(os.path.join(scratch, "state"), ignore_errors=True)
+        for copy in ("state", "inputs"):
+            shutil.rmtree(os.path.join(scratch, copy), ignore_errors=True)
 
 
 def _rewind(
@@ -675,8 +727,13 @@ def _rewind(
         )
     elif restore_from == "auto" and why_not is not None:
         restored = f"recomputed from the sources by batch jobs: {why_not}"
-    else:
+    elif point["input_logs"] is None:
         restored = "recomputed from the sources by batch jobs (no checkpoint or log of the run is read)"
+    else:
+        restored = "recomputed from the sources by batch jobs"
+    if point["input_logs"] is not None:
+        extra["input_logs"] = point["input_logs"]
+        restored += "; the sources that cannot restart read back from the run's input logs"
     r, _ = _run(
         job["new_file"],
         job["new_params"],

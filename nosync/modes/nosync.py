@@ -141,12 +141,14 @@ def store_state(store: Any, i: int, op: Any, as_of: int) -> None:
 class InputLog:
     """A source that cannot restart from a position, made replayable: the chunks it delivers
     are logged, keyed (source, partition, first record), and durable before they are handed
-    on; `read` from a position serves the logged chunks from there, then the live source."""
+    on; `read` from a position serves the logged chunks from there, then the live source.
+    With `live` False (a batch job reading a copy of a run's log) it ends where the log ends;
+    `tier` is then unused."""
 
     replayable = True
 
-    def __init__(self, inner: Any, index: int, store: Any, tier: str) -> None:
-        self.inner, self.index, self.store, self.tier = inner, index, store, tier
+    def __init__(self, inner: Any, index: int, store: Any, tier: str | None, live: bool = True) -> None:
+        self.inner, self.index, self.store, self.tier, self.live = inner, index, store, tier, live
         self.log_s = 0.0
         self.logged_records = 0
 
@@ -169,6 +171,8 @@ class InputLog:
                 recs = recs[pos - start :]
             pos += len(recs)
             yield list(recs), pos
+        if not self.live:
+            return  # a killed run's log has no end mark: what it logged is all there is
         # past the log: the source live, from what its new connection delivers
         for recs, _ in self.inner.read(part, None, chunk, on_bad):
             self._append(pid, pos, recs)

@@ -36,8 +36,11 @@ import collections
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from test_abs import committed_pairs
@@ -410,20 +413,24 @@ def test_a_nosync_run_before_its_first_snapshot(tmp_path, original_nosync):
 
 def test_inspect_names_the_first_epoch_a_cut_of_snapshots_can_start(tmp_path, original_nosync):
     run_dir, _ = original_nosync
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy)  # inspect opens the stores, which rewrites LevelDB's files
-    first = inspect_run(str(copy))["snapshots"]["rewind_from_epoch"]
+    before = listing(run_dir)
+    info = inspect_run(str(run_dir))
+    first = info["snapshots"]["rewind_from_epoch"]
+    # read from copies: opening a store itself would have LevelDB write a new log and manifest
+    assert listing(run_dir) == before, "inspect changed the run directory"
+    assert [s["worker"] for s in info["stores"]] == [0, 1]
+    assert all(s["last_seq"] == s["disk"] > 0 and not s.get("in_use") for s in info["stores"]), info["stores"]
     run, pipeline = load_run(run_dir)
     assert first >= 1, "a worker's first snapshot comes after its first read"
     start = choose_start(str(run_dir), run, pipeline, first, str(tmp_path / "a"), "checkpoint")
     assert start["restore"]["kind"] == "nosync"
     with pytest.raises(NosyncError, match=f"epoch {first - 1} is outside the run's snapshot window"):
         choose_start(str(run_dir), run, pipeline, first - 1, str(tmp_path / "b"), "checkpoint")
-    proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", "inspect", str(copy)], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    cmd = [sys.executable, "-m", "cli.main", "inspect", str(run_dir)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"rewind     from a consistent cut of the workers' snapshots, to any epoch from {first} on" in proc.stdout
+    assert listing(run_dir) == before, "inspect changed the run directory"
 
 
 def test_state_of_a_branch_whose_input_ended_before_the_cut(tmp_path):
@@ -448,3 +455,113 @@ def test_state_of_a_branch_whose_input_ended_before_the_cut(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = dict(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
     assert got == {str(k): 10 for k in range(100)}
+
+
+LINES, LINE_EPOCH, LINE_E = 60_000, 1_000, 30
+"""tcp_count reads the integers 0 .. LINES - 1 from one TCP connection, LINE_EPOCH lines per
+epoch: line i is in epoch i // LINE_EPOCH and counts for key str(i % 50)."""
+
+
+def serve_lines(lines: list[int]) -> tuple[socket.socket, list]:
+    """A TCP server on loopback that sends `lines` to each connection, 200 every 5 ms, then
+    closes it; returns the listening socket (close it to stop) and the connections served."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    served: list = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            served.append(conn)
+            with conn:
+                try:
+                    for i in range(0, len(lines), 200):
+                        conn.sendall("".join(f"{n}\n" for n in lines[i : i + 200]).encode())
+                        time.sleep(0.005)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, served
+
+
+def run_tcp_count(base, mode: str, lines: list[int], *options: str):
+    server, served = serve_lines(lines)
+    run_dir, out = base / "run", base / "out"
+    cmd = [sys.executable, "-m", "cli.main", "run", os.path.join(PIPELINES, "tcp_count.py"), "--mode", mode]
+    cmd += ["--workers", "2", "--epoch-records", str(LINE_EPOCH), "--run-dir", str(run_dir), *options]
+    cmd += ["-p", f"port={server.getsockname()[1]}", "-p", f"output={out}"]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        server.close()  # whatever reads the source after this cannot reach the server
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(served) == 1
+    return run_dir, out
+
+
+def tcp_expected(epoch: int) -> collections.Counter:
+    """tcp_count's committed (key, count) pairs when each line counts 1 before `epoch` and 2
+    from it on."""
+    expected: collections.Counter = collections.Counter()
+    count: dict[str, int] = {}
+    for i in range(LINES):
+        k = str(i % 50)
+        count[k] = count.get(k, 0) + (1 if i // LINE_EPOCH < epoch else 2)
+        expected[(k, count[k])] += 1
+    return expected
+
+
+def test_a_tcp_source_of_a_nosync_run_is_read_back_from_its_input_log(spark, tmp_path):
+    """A TcpLines source cannot restart from a position; a nosync run logs what it read. Once
+    the server is gone, a rewind and `state` read the source back from a copy of that log:
+    from a cut of the snapshots and from the start of the log, with the same pipeline (the
+    run's output) and a changed aggregate (the definition)."""
+    run_dir, out = run_tcp_count(tmp_path, "nosync", list(range(LINES)), "--persist-ms", "50")
+    assert committed_pairs(str(out)) == tcp_expected(LINES), "the run itself"
+    before = listing(run_dir)
+    r = rewind(str(run_dir), "aggregate_1", LINE_E, output=str(tmp_path / "same"), spark=spark)
+    assert r["start"] == "snapshots" and "read back from the run's input logs" in r["restored"], r
+    assert 0 < r["records_read"] < LINES
+    assert committed_pairs(str(tmp_path / "same")) == tcp_expected(LINES)
+    r = rewind(
+        str(run_dir),
+        "aggregate_1",
+        LINE_E,
+        pipeline_file=os.path.join(PIPELINES, "tcp_count_double.py"),
+        output=str(tmp_path / "double"),
+        spark=spark,
+        restore_from="sources",
+    )
+    assert r["start"] == "sources" and r["records_read"] == LINES, r
+    assert committed_pairs(str(tmp_path / "double")) == tcp_expected(LINE_E)
+    assert not os.path.exists(tmp_path / "double" / "_rewind" / "inputs"), "the copies of the input logs stayed"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "state", str(run_dir), "--operator", "aggregate_1"]
+        + ["--as-of-epoch", "20", "--limit", "0", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = dict(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    assert got == dict(collections.Counter(str(i % 50) for i in range(21 * LINE_EPOCH)))
+    assert listing(run_dir) == before, "the rewind changed the run directory"
+
+
+def test_a_tcp_source_of_a_run_that_kept_no_input_log_is_refused(tmp_path):
+    run_dir, _ = run_tcp_count(tmp_path, "none", list(range(2_000)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "rewind", str(run_dir), "--operator", "aggregate_1", "--to-epoch", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "TcpLines(127.0.0.1:" in proc.stderr and "'source_1'" in proc.stderr and "mode none" in proc.stderr
