@@ -104,6 +104,8 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
         frm = f"from {start['start']}, {start['records']:,} records before it"
     else:
         frm = "from the start of the sources" + (f" ({start['why_not']})" if start["why_not"] else "")
+    if start["input_logs"] is not None:
+        frm += "; the sources that cannot restart read back from the run's input logs"
     click.echo(f"{operator}: {len(state):,} keys at {at}, computed {frm}")
     for k, v in shown:
         click.echo(f"  {json.dumps(k, default=str)}: {json.dumps(v, default=str)}")

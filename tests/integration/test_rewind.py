@@ -542,14 +542,16 @@ def test_a_tcp_source_of_a_nosync_run_is_read_back_from_its_input_log(spark, tmp
     assert not os.path.exists(tmp_path / "double" / "_rewind" / "inputs"), "the copies of the input logs stayed"
     proc = subprocess.run(
         [sys.executable, "-m", "cli.main", "state", str(run_dir), "--operator", "aggregate_1"]
-        + ["--as-of-epoch", "20", "--limit", "0", "--json"],
+        + ["--as-of-epoch", "20", "--limit", "0"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = dict(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    head, *rows = proc.stdout.splitlines()
+    assert head.startswith("aggregate_1: 50 keys at the end of epoch 20") and "from the run's input logs" in head, head
+    got = dict(tuple(json.loads(x) for x in row.strip().split(": ")) for row in rows)
     assert got == dict(collections.Counter(str(i % 50) for i in range(21 * LINE_EPOCH)))
     assert listing(run_dir) == before, "the rewind changed the run directory"
 
