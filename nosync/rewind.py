@@ -415,8 +415,9 @@ def _copy_state(run_dir: str, scratch: str) -> str | None:
 def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str) -> str | None:
     """For a nosync run with a source that cannot restart from a position: a copy under
     `scratch` of the input logs its workers kept of such sources, which the batch jobs read in
-    its place (`batch._LoggedSource`); None for a pipeline without one. Raises NosyncError for
-    a run that kept no input log."""
+    its place (`batch._LoggedSource`), or the copy of all its stores already there
+    (`_copy_state`); None for a pipeline without one. Raises NosyncError for a run that kept
+    no input log."""
     live = [n for n in pipeline.nodes if n.kind == "source" and not n.params["source"].replayable]
     if not live:
         return None
@@ -431,6 +432,9 @@ def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str) 
     logs = [w for w in logs if os.path.isdir(os.path.join(state, w, "input"))]
     if not logs:
         raise NosyncError(f"{what}, and {run_dir} holds no input log (state/w<worker>/input) to read it back from")
+    stores = os.path.join(scratch, "state")
+    if all(os.path.isdir(os.path.join(stores, w, "input")) for w in logs):
+        return stores  # the copy of the run's stores that the jobs start from holds them
     copy = os.path.join(scratch, "inputs")
     for w in logs:
         copy_store(os.path.join(state, w, "input"), os.path.join(copy, w, "input"))

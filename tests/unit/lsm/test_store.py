@@ -384,13 +384,20 @@ def test_close_keeps_everything_and_abandon_keeps_what_is_durable(open_store: Op
         assert dict(s.scan(as_of=seq)) == state_of(HISTORY, seq)
 
 
-def test_close_leaves_leveldb_no_log_to_recover(open_store: OpenStore, tmp_path) -> None:  # noqa: ANN001
+def closed_with_bulk(open_store: OpenStore) -> list[tuple[int, list]]:
+    """Writes HISTORY and then a bulk of 200,000 updates at seqs 10..19 (enough that LevelDB is
+    still indexing them when the log has made them durable) to "store", closes it, and
+    returns the bulk."""
     s = open_store(flush_interval_s=60)
     append_all(s, HISTORY)
-    # enough that LevelDB is still indexing them when the log has made them durable
     bulk = [(seq, [(f"k{i}", seq) for i in range(20_000)]) for seq in range(10, 20)]
     append_all(s, bulk)
     s.close()
+    return bulk
+
+
+def test_close_leaves_leveldb_no_log_to_recover(open_store: OpenStore, tmp_path) -> None:  # noqa: ANN001
+    bulk = closed_with_bulk(open_store)
     disk = tmp_path / "store" / "disk"
     logs = {p.name: p.stat().st_size for p in disk.iterdir() if p.suffix == ".log"}
     assert logs and all(size == 0 for size in logs.values()), logs
@@ -415,11 +422,7 @@ def contents(root: str) -> dict[str, str]:
 
 
 def test_a_copy_of_a_store_is_written_without_touching_the_original(open_store: OpenStore, tmp_path) -> None:  # noqa: ANN001
-    s = open_store(flush_interval_s=60)
-    append_all(s, HISTORY)
-    bulk = [(seq, [(f"k{i}", seq) for i in range(20_000)]) for seq in range(10, 20)]
-    append_all(s, bulk)
-    s.close()
+    bulk = closed_with_bulk(open_store)
     original = str(tmp_path / "store")
     before = contents(original)
     copy_store(original, str(tmp_path / "copy"))
