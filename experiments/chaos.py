@@ -15,9 +15,12 @@ reference runs differ, the pipeline is reported as not deterministic and nothing
 
 Kills: the victim and the moment are drawn from `random.Random(seed)`, measured in the run's
 own progress so that they fall inside it however fast it goes: each kill waits until the run
-is running (again, after the previous recovery), lets a random number of progress events
-(completed checkpoints, or safe points) pass, within the kills' share of those the reference
-runs had, then a random delay within half the time between two of them. The victim's pid
+is running (again, after the previous recovery), lets it advance by a random number of
+progress units (checkpoint numbers, or epochs of the safe point or of the epoch committed
+everywhere), within the kills' share of those the reference runs advanced by, then a random
+delay within half the time between two progress events. Units, not events: after a recovery
+in mode nosync the safe point waits for the recovered worker, then jumps several epochs in
+one event, so a count of events would fall behind the run and leave kills out. The victim's pid
 comes from the coordinator's events (`events.jsonl`: the newest registration of that worker).
 """
 
@@ -37,6 +40,24 @@ from nosync.errors import NosyncError
 
 PROGRESS_EVENTS = ("checkpoint_completed", "safe_point", "committed")
 """Events after which a kill can find something to recover from."""
+ENDED = 1 << 62
+"""A progress value at or above it is the end of the input (the epoch of a finished channel)."""
+
+
+def progress_value(event: dict) -> int:
+    """How far a progress event says the run has got: its checkpoint number, or its epoch."""
+    return int(event["checkpoint"] if event["event"] == "checkpoint_completed" else event["epoch"])
+
+
+def advanced(events: list[dict], start: int) -> int:
+    """Progress units the run advanced by from `events[start]` on: from the last progress
+    value before it, or, with none before it, counting the first one after it as one."""
+    before = [progress_value(e) for e in events[:start] if e["event"] in PROGRESS_EVENTS]
+    after = [progress_value(e) for e in events[start:] if e["event"] in PROGRESS_EVENTS]
+    if not after:
+        return 0
+    base = before[-1] if before else min(after) - 1
+    return max(after) - base
 
 
 def canonical(record: Any) -> str:
@@ -173,11 +194,12 @@ def run_chaos(
 ) -> tuple[dict, list]:
     """The run with kills; returns its summary and, per kill, its time, victim and pid.
 
-    `plan` comes from the reference runs: `skip`, how many progress events (completed
-    checkpoints or safe points) a kill may let pass before it, and `gap_s`, the time between
-    two of them. Each kill waits for the run to be running (again), lets 0..skip progress
-    events pass, then a random delay within half a gap: a random moment that the run still
-    has ahead of it even when this run is faster than the references were."""
+    `plan` comes from the reference runs: `skip`, how many progress units (checkpoint
+    numbers, epochs) a kill may let the run advance by before it, and `gap_s`, the time
+    between two progress events. Each kill waits for the run to be running (again), lets it
+    advance by more than 0..skip units, then a random delay within half a gap: a random
+    moment that the run still has ahead of it even when this run is faster than the
+    references were."""
     proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
     events = Events(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
@@ -201,7 +223,7 @@ def run_chaos(
                 events.poll()
                 if start is None:
                     start = next((i for i, e in enumerate(events.seen) if e["event"] == "running"), None)
-                if start is not None and sum(1 for e in events.seen[start:] if e["event"] in PROGRESS_EVENTS) > skip:
+                if start is not None and advanced(events.seen, start) > skip:
                     break
                 time.sleep(0.01)
             time.sleep(delay)
@@ -239,17 +261,19 @@ def run_chaos(
 
 
 def kill_plan(reference_dirs: list[str], kills: int) -> dict:
-    """How far into a run kills may go, from the failure-free runs: the fewest progress events
-    a reference run had before it finished, less the last two (the checkpoints that come with
-    the end of the input), shared among the kills with a margin for a run that checkpoints less
-    often; and the median time between two of them."""
+    """How far into a run kills may go, from the failure-free runs: the fewest progress units
+    a reference run advanced by before it finished, less the last two (the checkpoints that
+    come with the end of the input), shared among the kills with a margin for a run that
+    checkpoints less often; and the median time between two progress events."""
     counts, gaps = [], []
     for d in reference_dirs:
         ev = Events(os.path.join(d, "events.jsonl"))
         ev.poll()
         end = next((e["t"] for e in ev.seen if e["event"] == "finished"), float("inf"))
-        ts = [e["t"] for e in ev.seen if e["event"] in PROGRESS_EVENTS and e["t"] < end]
-        counts.append(len(ts))
+        seen = [e for e in ev.seen if e["event"] in PROGRESS_EVENTS and e["t"] < end]
+        values = [v for v in map(progress_value, seen) if v < ENDED]
+        counts.append(max(values) - min(values) + 1 if values else 0)
+        ts = [e["t"] for e in seen]
         gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
     gaps.sort()
     return {

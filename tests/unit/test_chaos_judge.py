@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import json
 
-from experiments.chaos import canonical, compare, kill_plan
+from experiments.chaos import advanced, canonical, compare, kill_plan
 
 
 def multiset(*records) -> tuple[str, collections.Counter]:
@@ -48,8 +48,11 @@ def write_events(path, events) -> None:
 def test_kill_plan_leaves_the_end_of_the_run_out(tmp_path):
     def run(name, progress_times, end):
         events = [{"t": 0.0, "event": "running"}]
-        events += [{"t": t, "event": "checkpoint_completed"} for t in progress_times]
-        events += [{"t": end, "event": "finished"}, {"t": end + 0.1, "event": "checkpoint_completed"}]
+        events += [{"t": t, "event": "checkpoint_completed", "checkpoint": n} for n, t in enumerate(progress_times, 1)]
+        events += [
+            {"t": end, "event": "finished"},
+            {"t": end + 0.1, "event": "checkpoint_completed", "checkpoint": len(progress_times) + 1},
+        ]
         write_events(tmp_path / name / "events.jsonl", events)
         return str(tmp_path / name)
 
@@ -60,3 +63,28 @@ def test_kill_plan_leaves_the_end_of_the_run_out(tmp_path):
     assert kill_plan([a, b], 3)["skip"] == 0
     gaps = sorted([1.0, 1.0, 1.0, 1.0, 0.1] + [2.0, 2.0, 2.0, 2.0, 0.5, 0.1])
     assert kill_plan([a, b], 1)["gap_s"] == gaps[len(gaps) // 2]
+
+
+def test_kill_plan_counts_epochs_of_the_safe_point_not_its_events(tmp_path):
+    """A safe point that jumps (10 epochs in 4 events) is progress of 10 units; the end of the
+    input (the epoch of a finished channel) is not progress."""
+    events = [{"t": 0.0, "event": "running"}]
+    events += [{"t": t, "event": "safe_point", "epoch": e} for t, e in [(1, 0), (2, 1), (3, 5), (4, 9)]]
+    events += [{"t": 5.0, "event": "safe_point", "epoch": 1 << 62}, {"t": 5.1, "event": "finished"}]
+    write_events(tmp_path / "a" / "events.jsonl", events)
+    # epochs 0..9: 10 units, less 2, shared by 1 kill + 1, less one
+    assert kill_plan([str(tmp_path / "a")], 1)["skip"] == 8 // 2 - 1
+
+
+def test_a_kill_after_a_recovery_counts_the_epochs_the_safe_point_jumped():
+    safe = [{"event": "safe_point", "epoch": e} for e in (0, 1, 2)]
+    events = [{"event": "running"}, *safe, {"event": "recovered"}, {"event": "running"}]
+    start = 5
+    assert advanced(events, start) == 0
+    events.append({"event": "safe_point", "epoch": 3})
+    assert advanced(events, start) == 1
+    events.append({"event": "safe_point", "epoch": 13})
+    # from epoch 2, the last safe point before the restart, to 13; one event but 11 epochs
+    assert advanced(events, start) == 11
+    # with no progress before the start, the first event after it counts as one
+    assert advanced([{"event": "running"}, {"event": "committed", "epoch": 4}], 0) == 1
