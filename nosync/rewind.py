@@ -412,12 +412,12 @@ def _copy_state(run_dir: str, scratch: str) -> str | None:
     return copy
 
 
-def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str) -> str | None:
+def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str, stores: str | None) -> str | None:
     """For a nosync run with a source that cannot restart from a position: a copy under
     `scratch` of the input logs its workers kept of such sources, which the batch jobs read in
-    its place (`batch._LoggedSource`), or the copy of all its stores already there
-    (`_copy_state`); None for a pipeline without one. Raises NosyncError for a run that kept
-    no input log."""
+    its place (`batch._LoggedSource`), or `stores`, the copy of all the run's stores the jobs
+    start from (`_copy_state`), when it holds them; None for a pipeline without one. Raises
+    NosyncError for a run that kept no input log."""
     live = [n for n in pipeline.nodes if n.kind == "source" and not n.params["source"].replayable]
     if not live:
         return None
@@ -432,9 +432,8 @@ def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str) 
     logs = [w for w in logs if os.path.isdir(os.path.join(state, w, "input"))]
     if not logs:
         raise NosyncError(f"{what}, and {run_dir} holds no input log (state/w<worker>/input) to read it back from")
-    stores = os.path.join(scratch, "state")
-    if all(os.path.isdir(os.path.join(stores, w, "input")) for w in logs):
-        return stores  # the copy of the run's stores that the jobs start from holds them
+    if stores is not None and all(os.path.isdir(os.path.join(stores, w, "input")) for w in logs):
+        return stores
     copy = os.path.join(scratch, "inputs")
     for w in logs:
         copy_store(os.path.join(state, w, "input"), os.path.join(copy, w, "input"))
@@ -465,7 +464,8 @@ def choose_start(
     there is none to start from."""
     point = _choose_start(run_dir, run, pipeline, epoch, scratch, restore_from, blocker)
     try:
-        point["input_logs"] = _copy_input_logs(run_dir, run, pipeline, scratch)
+        stores = (point.get("restore") or {}).get("state_dir")
+        point["input_logs"] = _copy_input_logs(run_dir, run, pipeline, scratch, stores)
     except OSError as e:
         raise NosyncError(f"the input logs of {run_dir} cannot be copied: {e}") from None
     return point
