@@ -239,16 +239,15 @@ class DiskTier:
         so a key with a long history costs two seeks, not a step per version."""
         if as_of < 0:
             return  # no version is old enough
-        start = prefix if prefix else DATA_START
         # a version is newer than as_of when its inverted seq sorts below this one's (the
         # 8 bytes compare as the numbers they encode)
         floor = _SEQ.pack(_INV - as_of)
         done = None
         passed = 0
-        with self.db.iterator(start=start, include_value=True) as it:
+        # LevelDB bounds the iteration (and the seeks below) to the prefix
+        it = self.db.iterator(prefix=prefix) if prefix else self.db.iterator(start=DATA_START)
+        with it:
             for mkey, raw in it:
-                if not mkey.startswith(prefix):
-                    break
                 ekey = mkey[:-8]
                 if ekey == done or mkey[-8:] < floor:
                     passed += 1

@@ -38,7 +38,7 @@ from lsm.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-from lsm.keys import KEY_TYPES, MAX_SEQ, check_keys, decode_key, encode_key, encode_prefix
+from lsm.keys import KEY_TYPES, MAX_SEQ, check_keys, decode_items, decode_key, encode_key, encode_prefix
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.memtable import MISSING, Memtable
@@ -355,7 +355,24 @@ class Store:
                 ek = encode_key(k)
                 if ek.startswith(pre):
                     overlay[ek] = (k, v)
+        if not overlay:
+            return self._disk_only(prefix, pre, MAX_SEQ if as_of is None else as_of)
         return self._merge(sorted(overlay.items()), pre, MAX_SEQ if as_of is None else as_of)
+
+    def _disk_only(self, prefix: object, pre: bytes, as_of: int) -> Iterator[tuple[object, object]]:
+        # nothing in memory to merge (a store reopened, or read as of an indexed seq): the
+        # disk tier's versions as they come, deletions skipped
+        scan = self._disk.scan_raw(pre, as_of)
+        if (type(prefix) is tuple or type(prefix) is list) and prefix:
+            # every key is a tuple that starts with the prefix: only the rest is decoded
+            head, n = decode_key(pre + b"\x00")[0], len(pre)
+            for ek, raw in scan:
+                if raw:
+                    yield head + decode_items(ek, n)[0], unpack(raw)
+        else:
+            for ek, raw in scan:
+                if raw:
+                    yield decode_key(ek)[0], unpack(raw)
 
     def _merge(self, mem_items: list, pre: bytes, as_of: int) -> Iterator[tuple[object, object]]:
         i = 0
