@@ -3,14 +3,17 @@
 One run of keyed_count (K keys, 4 x K records, at least 2M; W workers; mode abs, a checkpoint
 every second, or mode nosync, each worker snapshotting every 200 ms), then `nosync rewind` of
 its aggregate to the epoch where the last 10% of its epochs begin, with the same pipeline, in
-the same Spark session, twice: from the run's own state (abs: its latest checkpoint at or
-before that epoch; nosync: the newest consistent cut of its workers' snapshots there; the
-default), and recomputing the state from the sources (`restore_from="sources"`). Reported: each rewind's time, from the
-call to its return, against the time the run itself took for those last epochs (from its
-progress samples, taken every 0.5 s: from the moment its sources had read every record of
-the epochs before the rewind's, interpolated, to the first sample with every record
-committed, so up to 0.5 s too long). Each rewound output is compared with the run's as a
-whole.
+the same Spark session, in two ways: from the run's own state (abs: its latest checkpoint at
+or before that epoch; nosync: the newest consistent cut of its workers' snapshots there; the
+default), and recomputing the state from the sources (`restore_from="sources"`). Each way
+runs twice, the two ways alternating, and its best time counts: the first rewind from the
+run's state in a session took 1.0 to 2.2 s longer than the second (measured on this kind of
+machine), where the two from the sources took the same, so one run of each would favour the
+sources. Both times are printed. Reported: each way's best time, from the call to its return,
+against the time the run itself took for those last epochs (from its progress samples, taken
+every 0.5 s: from the moment its sources had read every record of the epochs before the
+rewind's, interpolated, to the first sample with every record committed, so up to 0.5 s too
+long). Each rewound output is compared with the run's as a whole.
 """
 
 from __future__ import annotations
@@ -83,18 +86,23 @@ def run(
             "original_run_s": total,
             "original_tail_s": tail_s,
         }
-        warm_up(spark, workers)  # Spark's first-use costs go to neither rewind
-        for how in ("checkpoint", "sources"):
+        # Spark's first-use costs of a job; the first rewind still pays its own, so each way
+        # runs twice and its best time counts
+        warm_up(spark, workers)
+        for how in ("checkpoint", "sources", "checkpoint", "sources"):
             source = "the sources" if how == "sources" else "the run's state"
             progress(f"rewind: aggregate_1 to epoch {at} of {epochs}, from {source}")
             again = os.path.join(work, f"again-{how}")
             t = time.perf_counter()
             rw = rewind(run_dir, "aggregate_1", at, output=again, spark=spark, restore_from=how)
             took = time.perf_counter() - t
+            out_r.setdefault(f"{how}_rewind_runs_s", []).append(took)
+            took = min(out_r[f"{how}_rewind_runs_s"])
             out_r[f"{how}_rewind_s"] = took
             out_r[f"{how}_records_read"] = rw["records_read"]
             out_r[f"{how}_over_tail"] = None if not tail_s else took / tail_s
-            out_r[f"{how}_same_records"] = _records(out) == _records(again)
+            same = _records(out) == _records(again)
+            out_r[f"{how}_same_records"] = out_r.get(f"{how}_same_records", True) and same
             if how == "checkpoint":
                 out_r["checkpoint_start"] = rw["start"]
                 out_r["checkpoint"] = rw["checkpoint"]
@@ -120,6 +128,10 @@ def render(r: dict) -> str:
         x = r[f"{how}_over_tail"]
         return "" if x is None else f", {x:.1f}x the run's last 10%"
 
+    def runs(how: str) -> str:
+        times = r.get(f"{how}_rewind_runs_s") or []
+        return f" (best of {' and '.join(f'{t:.1f}' for t in times)})" if len(times) > 1 else ""
+
     mode = r.get("mode", "abs")
     if r.get("checkpoint_start") == "snapshots":
         own, start = "from its snapshots", "snapshots at steps " + ", ".join(str(v) for v in r["snapshots"].values())
@@ -131,12 +143,13 @@ def render(r: dict) -> str:
         ("rewound", f"aggregate_1 to epoch {r['rewind_to_epoch']} of {r['epochs']} (the last 10%)"),
         (
             own,
-            f"{r['checkpoint_rewind_s']:.1f} s{vs('checkpoint')}: {start}, "
+            f"{r['checkpoint_rewind_s']:.1f} s{vs('checkpoint')}{runs('checkpoint')}: {start}, "
             f"{r['checkpoint_records_read']:,} records read, {r['checkpoint_records_carried']:,} carried",
         ),
         (
             "from the sources",
-            f"{r['sources_rewind_s']:.1f} s{vs('sources')}: {r['sources_records_read']:,} records read",
+            f"{r['sources_rewind_s']:.1f} s{vs('sources')}{runs('sources')}: "
+            f"{r['sources_records_read']:,} records read",
         ),
         ("the run's last 10% of epochs", "n/a" if tail is None else f"{tail:.1f} s (0.5 s samples)"),
         (f"the whole run (mode {mode})", f"{r['original_run_s']:.1f} s"),
