@@ -6,14 +6,14 @@ its aggregate to the epoch where the last 10% of its epochs begin, with the same
 the same Spark session, in two ways: from the run's own state (abs: its latest checkpoint at
 or before that epoch; nosync: the newest consistent cut of its workers' snapshots there; the
 default), and recomputing the state from the sources (`restore_from="sources"`). Each way
-runs twice, the two ways alternating, and its best time counts: the first rewind from the
-run's state in a session took 1.0 to 2.2 s longer than the second (measured on this kind of
-machine), where the two from the sources took the same, so one run of each would favour the
-sources. Both times are printed. Reported: each way's best time, from the call to its return,
-against the time the run itself took for those last epochs (from its progress samples, taken
-every 0.5 s: from the moment its sources had read every record of the epochs before the
-rewind's, interpolated, to the first sample with every record committed, so up to 0.5 s too
-long). Each rewound output is compared with the run's as a whole.
+runs twice, the two ways alternating, and its best time counts: a way's first rewind in a
+session took up to 2.2 s longer than its second (measured on this kind of machine; most
+often the rewind from the run's state, which ran first), so one run of each measures
+first-use costs as much as the rewind. Both times are printed. Reported: each way's best
+time, from the call to its return, against the time the run itself took for those last
+epochs (from its progress samples, taken every 0.5 s: from the moment its sources had read
+every record of the epochs before the rewind's, interpolated, to the first sample with every
+record committed, so up to 0.5 s too long). Each rewound output is compared with the run's as a whole.
 """
 
 from __future__ import annotations
