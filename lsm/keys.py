@@ -137,26 +137,10 @@ def decode_items(buf: bytes, pos: int) -> tuple[tuple, int]:
     """Decodes the elements of a tuple from `pos` (after its type byte, or after a tuple
     prefix's `encode_prefix`) to its end; returns them and the position after the end."""
     items = []
-    append = items.append
-    while True:
-        e = buf[pos]
-        if e == 0:
-            return tuple(items), pos + 1
-        # the common elements inline (a prefixed key is a tuple of flat keys); a nested
-        # tuple, None, or a string with an escaped NUL goes through decode_key
-        if e == T_STR or e == T_BYTES:
-            end = buf.index(b"\x00", pos + 1)
-            if buf.startswith(b"\x00\x01", end):
-                raw = buf[pos + 1 : end]
-                append(raw.decode("utf-8", "surrogatepass") if e == T_STR else raw)
-                pos = end + 2
-                continue
-        elif e == T_INT:
-            append(_U64.unpack_from(buf, pos + 1)[0] - _INT_BIAS)
-            pos += 9
-            continue
+    while buf[pos] != 0:
         item, pos = decode_key(buf, pos)
-        append(item)
+        items.append(item)
+    return tuple(items), pos + 1
 
 
 def inverted_seq(seq: int) -> bytes:
