@@ -13,7 +13,8 @@ first-use costs as much as the rewind. Both times are printed. Reported: each wa
 time, from the call to its return, against the time the run itself took for those last
 epochs (from its progress samples, taken every 0.5 s: from the moment its sources had read
 every record of the epochs before the rewind's, interpolated, to the first sample with every
-record committed, so up to 0.5 s too long). Each rewound output is compared with the run's as a whole.
+record committed, so up to 0.5 s too long). Each rewound output is compared with the run's as
+a whole.
 """
 
 from __future__ import annotations
