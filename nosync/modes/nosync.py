@@ -473,7 +473,9 @@ class NosyncHooks(WorkerHooks):
         return False
 
     def _frontier(self, worker: Any) -> int:
-        return min((op.frontier for op in worker.ops), default=-1)
+        # a loop's body runs inside its iterate operator's step and gets no markers: the
+        # iterate operator's frontier stands for it
+        return min((op.frontier for op in worker.ops if not op.node.params.get("loop_internal")), default=-1)
 
     def _snapshot(self, worker: Any) -> None:
         self._log(("F",))
