@@ -2,10 +2,20 @@
 
 A pipeline runs twice without failures (the reference, and a second run that proves the
 pipeline deterministic) and once with K seeded SIGKILLs of worker processes at random moments
-after the first completed checkpoint (or safe point). Each run is a real `nosync run` in its
-own process, with its own run directory under `--out` (`reference/`, `reference-2/`, `chaos/`)
-and its sinks writing to `<run dir>/output` (the command sets `-p output=...`: pipeline files
-take their sink directories from `args["output"]`, as the shipped workloads do).
+after the first completed checkpoint (or safe point). A recovery changes how the inputs of an
+operator interleave: a worker stalls while the others go on, a restarted one reads its
+sources in another rhythm. So the second failure-free run changes them too: it reads its
+sources in chunks of another size (`other_batch_size`: two sources of a union then alternate
+otherwise) and stops a worker K times for a while (SIGSTOP, then SIGCONT, at moments drawn as
+the kills' are). A pipeline whose output depends on that interleaving (a stateful function
+over one key's records from two sources or two workers, in whatever order they arrive)
+differs then, and is reported as not deterministic instead of being judged on records that
+its own timing changed.
+
+Each run is a real `nosync run` in its own process, with its own run directory under `--out`
+(`reference/`, `reference-2/`, `chaos/`) and its sinks writing to `<run dir>/output` (the
+command sets `-p output=...`: pipeline files take their sink directories from
+`args["output"]`, as the shipped workloads do).
 
 The committed output of every sink is compared: file sinks as multisets of records (a record
 is its JSON text with sorted keys), upsert sinks as final key-to-value maps. `lost` counts
@@ -38,6 +48,11 @@ from typing import Any
 
 from nosync.errors import NosyncError
 
+PAUSE_S = (0.3, 1.5)
+"""How long a pause of the second failure-free run stops a worker, drawn uniformly: about as
+long as a recovery stalls one (the coordinator takes a worker silent for 30 s as lost)."""
+DEFAULT_BATCH_SIZE = 1024
+"""`nosync run`'s default --batch-size."""
 PROGRESS_EVENTS = ("checkpoint_completed", "safe_point", "committed")
 """Events after which a kill can find something to recover from."""
 ENDED = 1 << 62
@@ -58,6 +73,12 @@ def advanced(events: list[dict], start: int) -> int:
         return 0
     base = before[-1] if before else min(after) - 1
     return max(after) - base
+
+
+def other_batch_size(batch_size: int | None) -> int:
+    """The chunk size the second failure-free run reads its sources in: two thirds of the
+    first's, which shifts where the chunks of two sources fall against each other."""
+    return max(1, (batch_size or DEFAULT_BATCH_SIZE) * 2 // 3)
 
 
 def canonical(record: Any) -> str:
@@ -191,15 +212,17 @@ def run_chaos(
     plan: dict,
     timeout: float,
     progress: Any,
+    pause: bool = False,
 ) -> tuple[dict, list]:
     """The run with kills; returns its summary and, per kill, its time, victim and pid.
+    `pause`: stop the victim for a while (`PAUSE_S`) instead of killing it.
 
     `plan` comes from the reference runs: `skip`, how many progress units (checkpoint
     numbers, epochs) a kill may let the run advance by before it, and `gap_s`, the time
     between two progress events. Each kill waits for the run to be running (again), lets it
     advance by more than 0..skip units, then a random delay within half a gap: a random
     moment that the run still has ahead of it even when this run is faster than the
-    references were."""
+    references were. A pause counts from the previous pause."""
     proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
     events = Events(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
@@ -219,6 +242,8 @@ def run_chaos(
             victim = rng.randrange(workers)
             # the first progress event after the run was last (re)started, then `skip` more
             start = max((i for i, e in enumerate(events.seen) if e["event"] == "running"), default=None)
+            if pause and done:
+                start = max(start or 0, done[-1]["seen"])
             while not ended():
                 events.poll()
                 if start is None:
@@ -231,6 +256,24 @@ def run_chaos(
             pid = events.pid_of(victim)
             if ended() or pid is None:
                 break
+            if pause:
+                stop_s = rng.uniform(*PAUSE_S)
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                try:
+                    time.sleep(stop_s)
+                finally:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+                events.poll()
+                pause_ = {"t": time.time(), "worker": victim, "pid": pid, "pause_s": stop_s, "seen": len(events.seen)}
+                done.append(pause_)
+                progress(f"paused worker {victim} (pid {pid}) for {stop_s:.2f} s")
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -311,8 +354,24 @@ def chaos(
 
     progress("reference run")
     run_reference(pipeline_file, dirs["reference"], mode, workers, params, options, timeout)
-    progress("second reference run (determinism)")
-    run_reference(pipeline_file, dirs["reference-2"], mode, workers, params, options, timeout)
+    second = {**options, "batch_size": other_batch_size(options.get("batch_size"))}
+    progress(
+        f"second reference run (determinism): chunks of {second['batch_size']} records, {kills} pause(s) of a worker"
+    )
+    _, paused = run_chaos(
+        pipeline_file,
+        dirs["reference-2"],
+        mode,
+        workers,
+        params,
+        second,
+        kills,
+        random.Random(f"pauses-{seed}"),
+        kill_plan([dirs["reference"]], kills),
+        timeout,
+        progress,
+        pause=True,
+    )
     ref = outputs(dirs["reference"])
     again = compare(ref, outputs(dirs["reference-2"]))
     result: dict[str, Any] = {
@@ -323,6 +382,10 @@ def chaos(
         "kills_requested": kills,
         "reference": dirs["reference"],
         "chaos": dirs["chaos"],
+        "reference_2": {
+            "batch_size": second["batch_size"],
+            "paused": [{"worker": p["worker"], "pause_s": round(p["pause_s"], 3)} for p in paused],
+        },
     }
     if any(s.get("lost") or s.get("duplicated") for s in again.values()):
         result.update(deterministic=False, exactly_once=None, judged=False, reference_diff=again)

@@ -9,6 +9,10 @@
   worker replays the order its peers hold in their lineage, and the output is one a
   failure-free run could have produced (checked against the input's definition, since two
   failure-free runs differ);
+- a pipeline with a loop (`iterate`) under a kill: exactly-once, and the output is the loop's
+  definition (a loop's body gets no progress markers; the safe point must not wait for it);
+- chaos itself: an output that depends on how a worker alternates between two sources is
+  reported as not deterministic, where two plain failure-free runs agree on it;
 - a function that is not deterministic: the fingerprint check finds the re-produced batch that
   differs from the one first processed, and the run fails saying so;
 - the lost worker's disk tier is deleted before its retry starts: it recovers from the remote
@@ -39,7 +43,8 @@ import time
 import pytest
 from test_abs import committed_pairs, finish, judge_chaos, keyed_count_expected, wait_event, workload_params
 
-from experiments.chaos import Events
+import nosync as ns
+from experiments.chaos import Events, chaos
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
@@ -187,6 +192,54 @@ def test_arrival_order_is_replayed_from_the_lineage_the_peers_hold(tmp_path):
         total = 2 * per_input[key]
         assert sorted(n for n, _ in seen) == list(range(1, total + 1)), f"key {key}: numbers lost or repeated"
         assert sum(1 for _, tag in seen if tag == "a") == per_input[key], f"key {key}"
+
+
+def test_chaos_nosync_with_a_loop(tmp_path):
+    """A pipeline with `iterate` under a kill. The operators of a loop's body run inside the
+    iterate operator's step and get no progress markers: the worker's durable frontier must
+    not count them, or the safe point never moves and nothing is ever committed."""
+    records = 600_000
+    r = chaos(
+        os.path.join(PIPELINES, "halving_loop.py"),
+        "nosync",
+        2,
+        1,
+        seed=3,
+        params={"records": str(records)},
+        out=str(tmp_path / "chaos"),
+        timeout=300,
+    )
+    assert r["deterministic"], r
+    assert (r["kills"], r["recoveries"]) == (1, 1), r
+    assert r["exactly_once"] is True, r["sinks"]
+    # the reference against the loop's definition: every record goes round once, then while
+    # it is above 1: v = i + 1 takes max(1, v.bit_length() - 1) halvings
+    per_key = collections.Counter((max(1, v.bit_length() - 1), v % 50) for v in range(1, records + 1))
+    want = collections.Counter((k, n) for k, total in per_key.items() for n in range(1, total + 1))
+    got = collections.Counter((tuple(k), n) for k, n in ns.sinks.Files(r["reference"] + "/output").read_committed())
+    assert got == want
+
+
+def test_chaos_reports_an_output_that_depends_on_how_two_sources_interleave(tmp_path):
+    """union_order numbers each key's records in the order its worker alternates between two
+    sources: failure-free runs with the same chunk size agree, so only a second reference that
+    reads in chunks of another size (and is paused) finds that the output depends on timing,
+    instead of judging a kill's run on records the timing changed."""
+    r = chaos(
+        os.path.join(PIPELINES, "union_order.py"),
+        "nosync",
+        2,
+        1,
+        seed=1,
+        params={"records": "200000", "keys": "1000"},
+        out=str(tmp_path / "chaos"),
+        timeout=300,
+    )
+    assert r["deterministic"] is False, r
+    assert r["exactly_once"] is None and r["judged"] is False
+    diff = next(iter(r["reference_diff"].values()))
+    assert diff["lost"] > 0 and diff["lost"] == diff["duplicated"], diff
+    assert r["reference_2"]["batch_size"] == 682
 
 
 def test_a_function_that_is_not_deterministic_is_caught_by_the_fingerprints(tmp_path):
