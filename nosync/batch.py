@@ -93,7 +93,9 @@ def _pack(obj: Any) -> bytes:
 
 
 def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+    # arrays come back as tuples, as from a frame (`frames.decode`): an operator gets the same
+    # records in a batch job as in a streaming worker, and a tuple key stays hashable
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
 
 
 class _Clock:

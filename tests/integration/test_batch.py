@@ -4,7 +4,7 @@ operators' own code.
 - for every shipped workload, the batch job commits what a streaming run commits (every sink,
   compared as the chaos judge compares them);
 - keyed_count's batch output is also checked against the input's definition (record i is the
-  key str(i % keys));
+  key str(i % keys)), and so is the output and state of a pipeline with a loop and tuple keys;
 - a pipeline with a loop (iterate) and a TCP source is refused by batch (the source cannot
   restart), and the CLI names it;
 - `state`: the keyed state of keyed_count at the end of an epoch, recomputed by batch jobs,
@@ -72,6 +72,23 @@ def test_batch_keyed_count_against_its_definition(spark, tmp_path):
     r = run_batch(path, {"records": str(records), "keys": str(keys), "output": str(out)}, workers=3, spark=spark)
     assert r["read"] == records
     assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+
+
+def test_batch_with_a_loop_and_tuple_keys_against_its_definition(spark, tmp_path):
+    """halving_loop keys a count by a tuple. Records cross a batch stage as a frame carries
+    them, arrays as tuples: a tuple key stays a tuple, hashable (it came back a list, and
+    every batch job, rewind, state query and replay recovery of such a pipeline raised)."""
+    records = 100_000
+    path = os.path.join(PIPELINES, "halving_loop.py")
+    params = {"records": str(records), "output": str(tmp_path / "out")}
+    # v = i + 1 goes round once, then while above 1: max(1, v.bit_length() - 1) rounds
+    per_key = collections.Counter((max(1, v.bit_length() - 1), v % 50) for v in range(1, records + 1))
+    r = run_batch(path, params, workers=2, spark=spark)
+    assert r["read"] == records
+    got = collections.Counter((tuple(k), n) for k, n in ns.sinks.Files(str(tmp_path / "out")).read_committed())
+    assert got == collections.Counter((k, n) for k, total in per_key.items() for n in range(1, total + 1))
+    state = keyed_state(path, params, "aggregate_1", workers=2, spark=spark, run_dir=str(tmp_path / "q"))
+    assert dict(state) == dict(per_key)
 
 
 def test_stages_are_counted_in_exchanges():
