@@ -43,6 +43,13 @@ def diff_cmd(output_a, output_b, key, out_path, as_json) -> None:
                 epochs = list(s["epochs"].items())
                 shown = ", ".join(f"{e}: {n}" for e, n in epochs[:12])
                 click.echo(f"per epoch: {shown}{' ...' if len(epochs) > 12 else ''}")
+                if s["whole_only_in_a"] or s["whole_only_in_b"]:
+                    click.echo(
+                        f"as wholes (epochs aside): {s['whole_only_in_a']:,} copies only in A, "
+                        f"{s['whole_only_in_b']:,} only in B"
+                    )
+                else:
+                    click.echo("as wholes (epochs aside): the same records; only the epochs they sit in differ")
             else:
                 click.echo(f"{s['differences']:,} keys differ")
             top = ", ".join(f"{json.dumps(k, default=str)} ({n})" for k, n in s["top_keys"])

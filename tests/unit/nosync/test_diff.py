@@ -44,11 +44,26 @@ def test_differences_per_key_and_epoch(tmp_path):
     assert s["first_epoch"] == 1
     assert s["epochs"] == {"1": 2, "2": 1}
     assert (s["only_in_a"], s["only_in_b"]) == (1, 3)
+    assert (s["whole_only_in_a"], s["whole_only_in_b"]) == (1, 3)
     assert sorted(k for k, _ in s["top_keys"]) == ["b", "c"]
     rows = sorted(
         (d["epoch"], d["record"], d["in_a"], d["in_b"]) for d in map(json.loads, out.read_text().splitlines())
     )
     assert rows == [(1, ["b", 2], 1, 0), (1, ["b", 20], 0, 1), (2, ["c", 1], 0, 2)]
+
+
+def test_the_same_records_in_other_epochs_differ_per_epoch_not_as_wholes(tmp_path):
+    # B holds every record of A, but ["b", 2] one epoch later and ["a", 3] one earlier
+    commit_files(tmp_path / "a", {0: [["a", 1], ["b", 1]], 1: [["a", 2], ["b", 2]], 2: [["a", 3]]})
+    commit_files(tmp_path / "b", {0: [["a", 1], ["b", 1]], 1: [["a", 2], ["a", 3]], 2: [["b", 2]]})
+    out = tmp_path / "diff.jsonl"
+    r = CliRunner().invoke(main, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out), "--json"])
+    assert r.exit_code == 1, r.output
+    s = json.loads(r.output)
+    assert (s["differences"], s["only_in_a"], s["only_in_b"]) == (4, 2, 2)
+    assert (s["whole_only_in_a"], s["whole_only_in_b"]) == (0, 0)
+    text = CliRunner().invoke(main, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]).output
+    assert "as wholes (epochs aside): the same records" in text
 
 
 def test_dict_records_by_a_key_field(tmp_path):
