@@ -3,7 +3,9 @@
 - chaos_mixed: two sources, a loop, a union, filter and flat_map, a stateful_map, two windows
   joined, a reduce into a LevelDB sink, two Files sinks (one inside the other's directory);
 - chaos_chain: Zipf-skewed keys, a stateless branch with no exchange, two keyed stages in a
-  row, state deleted by a stateful_map, a LevelDB sink and two Files sinks.
+  row, state deleted by a stateful_map, a LevelDB sink and two Files sinks;
+- halving_loop: a loop, and a count keyed by a tuple (mode replay recomputes its state with
+  batch jobs, where a tuple key once came back a list).
 
 Each case asserts what `judge_chaos` asserts of the shipped workloads: deterministic (the
 second failure-free run reads in chunks of another size and pauses a worker), every kill
@@ -21,7 +23,12 @@ from experiments.chaos import chaos
 
 PIPELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelines")
 
-SOAK = [(p, mode, w) for p in ("chaos_mixed", "chaos_chain") for mode in ("abs", "nosync", "replay") for w in (2, 3)]
+SOAK = [
+    (p, mode, w)
+    for p in ("chaos_mixed", "chaos_chain", "halving_loop")
+    for mode in ("abs", "nosync", "replay")
+    for w in (2, 3)
+]
 
 
 @pytest.mark.soak
