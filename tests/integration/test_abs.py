@@ -67,10 +67,10 @@ def workload_params(name: str, tmp_path) -> dict:
 def judge_chaos(
     tmp_path, workload: str, mode: str, workers: int, kills: int, seed: int, params: dict, options: dict | None = None
 ) -> list[dict]:
-    """Runs `nosync chaos` and asserts exactly-once with every kill recovered; returns the
-    killed run's events."""
+    """Runs `nosync chaos` on a shipped workload (or a pipeline file, a path ending in .py)
+    and asserts exactly-once with every kill recovered; returns the killed run's events."""
     r = chaos(
-        os.path.join(WORKLOADS, f"{workload}.py"),
+        workload if workload.endswith(".py") else os.path.join(WORKLOADS, f"{workload}.py"),
         mode,
         workers,
         kills,

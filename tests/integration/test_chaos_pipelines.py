@@ -18,8 +18,7 @@ import json
 import os
 
 import pytest
-
-from experiments.chaos import chaos
+from test_abs import judge_chaos
 
 PIPELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelines")
 
@@ -35,20 +34,8 @@ SOAK = [
 @pytest.mark.parametrize(("pipeline", "mode", "workers"), SOAK)
 def test_chaos_pipeline_soak(tmp_path, pipeline, mode, workers):
     kills = 1 if mode == "abs" else 2  # an abs run of these lasts a few checkpoints
-    r = chaos(
-        os.path.join(PIPELINES, f"{pipeline}.py"),
-        mode,
-        workers,
-        kills,
-        seed=workers,
-        params={"records": "600000"},
-        out=str(tmp_path / "chaos"),
-        options={"checkpoint_ms": 500} if mode == "abs" else None,
-    )
-    assert r["deterministic"], r
-    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
-    assert r["recoveries"] == kills, r
-    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
-    assert r["exactly_once"] is True
+    options = {"checkpoint_ms": 500} if mode == "abs" else None
+    path = os.path.join(PIPELINES, f"{pipeline}.py")
+    judge_chaos(tmp_path, path, mode, workers, kills, workers, {"records": "600000"}, options)
     with open(tmp_path / "chaos" / "chaos" / "summary.json", encoding="utf-8") as f:
         assert json.load(f)["records_committed"] > 0

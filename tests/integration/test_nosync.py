@@ -8,7 +8,7 @@
 - an operator whose output depends on the arrival order across two inputs: the recovered
   worker replays the order its peers hold in their lineage, and the output is one a
   failure-free run could have produced (checked against the input's definition, since two
-  failure-free runs differ);
+  failure-free runs can differ);
 - a pipeline with a loop (`iterate`) under a kill: exactly-once, and the output is the loop's
   definition (a loop's body gets no progress markers; the safe point must not wait for it);
 - chaos itself: an output that depends on how a worker alternates between two sources is
@@ -221,12 +221,15 @@ def test_chaos_nosync_with_a_loop(tmp_path):
 
 
 def test_chaos_reports_an_output_that_depends_on_how_two_sources_interleave(tmp_path):
-    """union_order numbers each key's records in the order its worker alternates between two
-    sources: failure-free runs with the same chunk size agree, so only a second reference that
-    reads in chunks of another size (and is paused) finds that the output depends on timing,
-    instead of judging a kill's run on records the timing changed."""
+    """arrival_order numbers each key's records as they come from two sources. With an even
+    number of keys at W = 2, every record of a key is read by one worker (record i is key
+    str(i % keys), worker w reads the records with i % 2 == w), so the numbering follows how
+    that worker alternates between its sources: failure-free runs with the same chunk size
+    agree. Only a second reference that reads in chunks of another size (and is paused) finds
+    that the output depends on timing, instead of judging a kill's run on records the timing
+    changed."""
     r = chaos(
-        os.path.join(PIPELINES, "union_order.py"),
+        os.path.join(PIPELINES, "arrival_order.py"),
         "nosync",
         2,
         1,

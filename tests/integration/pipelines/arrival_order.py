@@ -2,8 +2,12 @@
 
 Two generated inputs of the same keys, tagged "a" and "b", meet at one keyed `stateful_map`
 that numbers the records of each key as they come: (key, n, tag). Which tag gets which n
-depends on how the two inputs interleave, so two failure-free runs differ; every valid run
-numbers each key's records 1..N exactly once, with as many "a" as that key has in input a.
+depends on how the two inputs interleave; every valid run numbers each key's records 1..N
+exactly once, with as many "a" as that key has in input a. With an even number of keys at
+W = 2, both inputs of a key are read by one worker (record i is key str(i % keys), worker w
+reads the records with i % 2 == w), so the interleaving is the order in which that worker
+alternates between its two sources: two failure-free runs that read in chunks of the same
+size can agree, and chunks of another size change it.
 Parameters: records (per input), keys, output.
 """
 
