@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 import click
 
@@ -48,6 +47,7 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
     from the latest retained checkpoint before that epoch for a run in mode abs, from a
     consistent cut of the workers' snapshots for one in mode nosync, else from the start of
     the sources. It is the same under every mode."""
+    from lsm.files import scratch_near
     from lsm.keys import encode_key
     from nosync.batch import keyed_state
     from nosync.errors import NosyncError, PipelineError, RunFailed
@@ -67,7 +67,7 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
             err=True,
         )
         sys.exit(2)
-    scratch = tempfile.mkdtemp(prefix="nosync-state-")
+    scratch = scratch_near(run_dir, "nosync-state-")
     try:
         pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
         # a checkpoint whose cut lies before epoch E begins (not only before it ends): the

@@ -90,3 +90,24 @@ def copy_store(src: str, dst: str) -> None:
         return shutil.copy2(s, d)
 
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK"), copy_function=link_or_copy)
+
+
+def scratch_near(path: str, prefix: str) -> str:
+    """A new empty directory to copy the store (or tree of stores) at `path` into, on the
+    same file system where it can be, so that `copy_store` links its tables rather than
+    copying them: under the temporary directory when that is on the store's file system, else
+    beside `path` (a hidden name; the caller removes it), else under the temporary directory
+    after all."""
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    try:
+        same = os.stat(tmp).st_dev == os.stat(path).st_dev
+    except OSError:
+        same = True
+    if not same:
+        try:
+            return tempfile.mkdtemp(prefix="." + prefix, dir=os.path.dirname(os.path.abspath(path)))
+        except OSError:
+            pass  # beside it is not writable: the temporary directory, with copies
+    return tempfile.mkdtemp(prefix=prefix)

@@ -10,10 +10,10 @@ import fcntl
 import json
 import os
 import re
-import tempfile
+import shutil
 from typing import Any
 
-from lsm.files import copy_store, tree_bytes
+from lsm.files import copy_store, scratch_near, tree_bytes
 from nosync.errors import NosyncError
 
 TIERS = ("log", "disk", "remote")
@@ -171,7 +171,8 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             info["checkpoints"]["rewind_from_epoch"] = min(firsts, default=None)
     stores = _stores(run_dir)
     if open_stores:
-        with tempfile.TemporaryDirectory(prefix="nosync-inspect-") as copies:
+        copies = scratch_near(run_dir, "nosync-inspect-")
+        try:
             busy = False
             for s in stores:
                 if _in_use(s["path"]):
@@ -187,6 +188,8 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             if run.get("mode") == "nosync" and not run.get("epoch_ms"):
                 first = None if busy else _first_cut_epoch(copies, run)
                 info["snapshots"] = {"rewind_from_epoch": first}
+        finally:
+            shutil.rmtree(copies, ignore_errors=True)
     info["stores"] = stores
     info["storage_bytes"] = {t: sum(s[f"{t}_bytes"] for s in stores) for t in TIERS}
     recoveries = (summary or {}).get("recoveries") or []

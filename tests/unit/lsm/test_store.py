@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -24,7 +25,7 @@ from lsm import (
     StoreClosedError,
     StoreLockedError,
 )
-from lsm.files import copy_store
+from lsm.files import copy_store, scratch_near
 from lsm.keys import encode_key
 
 TIMEOUT_S = 5.0
@@ -441,6 +442,32 @@ def test_a_copy_of_a_store_is_written_without_touching_the_original(open_store: 
     assert o.last_seq == 19
     assert dict(o.scan()) == state_of(HISTORY + bulk)
     assert dict(o.scan(as_of=5)) == state_of(HISTORY, 5)
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tempfile.gettempdir()).st_dev,
+    reason="needs /dev/shm on a file system of its own",
+)
+def test_a_scratch_for_a_copy_lies_on_the_store_s_file_system(open_store: OpenStore, tmp_path, monkeypatch) -> None:  # noqa: ANN001 - pytest's fixtures
+    closed_with_bulk(open_store)
+    original = str(tmp_path / "store")
+    monkeypatch.setattr(tempfile, "tempdir", "/dev/shm")
+    scratch = scratch_near(original, "lsm-test-")
+    try:
+        assert os.stat(scratch).st_dev == os.stat(original).st_dev
+        assert os.path.dirname(scratch) == str(tmp_path) and os.listdir(scratch) == []
+        copy_store(original, os.path.join(scratch, "copy"))
+        tables = [n for n in contents(original) if n.endswith(".ldb")]
+        assert tables and all(
+            os.path.samefile(os.path.join(original, n), os.path.join(scratch, "copy", n)) for n in tables
+        )
+    finally:
+        shutil.rmtree(scratch)
+    # a store on the temporary directory's own file system: the scratch is under it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.makedirs(tmp_path / "tmp")
+    scratch = scratch_near(original, "lsm-test-")
+    assert os.path.dirname(scratch) == str(tmp_path / "tmp")
 
 
 def test_a_store_opened_without_uploads_refuses_a_remote_flush(open_store: OpenStore) -> None:
