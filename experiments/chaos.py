@@ -214,7 +214,8 @@ def run_chaos(
     progress: Any,
     pause: bool = False,
 ) -> tuple[dict, list]:
-    """The run with kills; returns its summary and, per kill, its time, victim and pid.
+    """The run with kills; returns its summary and, per kill, its time, victim, pid and the
+    seconds until the run was running again (`recovery_s`).
     `pause`: stop the victim for a while (`PAUSE_S`) instead of killing it.
 
     `plan` comes from the reference runs: `skip`, how many progress units (checkpoint
@@ -297,7 +298,7 @@ def run_chaos(
             proc.kill()
             proc.wait()
     events.poll()
-    for k in done:
+    for k in done if not pause else ():
         back = [e["t"] for e in events.seen if e["event"] in ("running", "recovered") and e["t"] > k["t"]]
         k["recovery_s"] = (back[0] - k["t"]) if back else None
     return summary, done
