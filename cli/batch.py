@@ -20,7 +20,9 @@ from cli.common import parse_params
     default=None,
     help="Cut epochs every N records per source partition, as `run` does (default 10000).",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=1024, show_default=True, help="Records a source reads per step."
+)
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="Pipeline parameter (repeatable).")
 def batch_cmd(pipeline_file, workers, master, run_dir, epoch_records, batch_size, params) -> None:
     """Run PIPELINE_FILE over bounded input as Spark batch jobs, one per stage between

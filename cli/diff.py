@@ -11,7 +11,12 @@ import click
 @click.command("diff")
 @click.argument("output_a", type=click.Path())
 @click.argument("output_b", type=click.Path())
-@click.option("--key", default=None, metavar="FIELD", help="The key field of dict records (default: element 0).")
+@click.option(
+    "--key",
+    default=None,
+    metavar="FIELD",
+    help="The key field of dict records (default: element 0 of a list; any other record is its own key).",
+)
 @click.option(
     "--out", "out_path", default="nosync-diff.jsonl", show_default=True, help="Where every difference is written."
 )

@@ -64,7 +64,8 @@ def experiment_cmd(name: str, out: str, quick: bool, seed: int, master: str | No
             points(EXPERIMENTS[n], quick, overrides, strict=name != "all")
         unknown = [k for k in overrides if not any(k in p for n in names for p in EXPERIMENTS[n].points(quick))]
         if unknown:
-            raise NosyncError(f"no experiment has a parameter '{unknown[0]}'")
+            known = sorted({k for n in names for p in EXPERIMENTS[n].points(quick) for k in p})
+            raise NosyncError(f"no experiment has a parameter '{unknown[0]}'; they have: {', '.join(known)}")
     except NosyncError as e:
         raise click.BadParameter(str(e), param_hint="--set") from None
     os.makedirs(out, exist_ok=True)

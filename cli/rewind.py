@@ -13,7 +13,13 @@ from cli.common import restore_from_option
 @click.command("rewind")
 @click.argument("run_dir", type=click.Path())
 @click.option("--operator", required=True, help="The operator to rewind (with everything downstream of it).")
-@click.option("--to-epoch", "to_epoch", type=int, required=True, help="Restore the state just before this epoch.")
+@click.option(
+    "--to-epoch",
+    "to_epoch",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Restore the state just before this epoch.",
+)
 @click.option(
     "--pipeline",
     "pipeline_file",
@@ -27,7 +33,7 @@ from cli.common import restore_from_option
     "a consistent cut of the workers' retained snapshots in mode nosync), or a recomputation from the "
     "sources; auto takes the run's state when it has some to start from."
 )
-@click.option("--master", default=None, help="Spark master (default: embedded).")
+@click.option("--master", default=None, help="Spark master URL (default: embedded).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
 def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from, master, as_json) -> None:
     """Restore OPERATOR of the run in RUN_DIR, and its downstream cone, to the state just before

@@ -14,7 +14,9 @@ from cli.common import parse_params
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), default="none", show_default=True)
 @click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--master", default=None, help="Spark master URL (default: embedded local[W,4]).")
+@click.option(
+    "--master", default=None, help="Spark master URL (default: embedded local[W,F]; 2W slots in mode replay)."
+)
 @click.option(
     "--run-dir", type=click.Path(file_okay=False), default=None, help="Where metrics go (default: runs/NAME-TIME)."
 )
@@ -25,9 +27,23 @@ from cli.common import parse_params
     help="Cut epochs every N records per source partition (default 10000).",
 )
 @click.option("--epoch-ms", type=click.IntRange(min=1), default=None, help="Cut epochs every MS milliseconds instead.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1024, show_default=True)
-@click.option("--linger-ms", type=click.IntRange(min=0), default=5, show_default=True)
-@click.option("--on-bad-record", type=click.Choice(["deadletter", "fail"]), default="deadletter", show_default=True)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=1024, show_default=True, help="Records a source reads per step."
+)
+@click.option(
+    "--linger-ms",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="How long an exchange buffer waits to fill before it is sent.",
+)
+@click.option(
+    "--on-bad-record",
+    type=click.Choice(["deadletter", "fail"]),
+    default="deadletter",
+    show_default=True,
+    help="A record a source cannot parse: to the run's dead-letter file, or fail the run.",
+)
 @click.option(
     "--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True, help="abs: checkpoint interval."
 )
@@ -38,7 +54,13 @@ from cli.common import parse_params
     show_default=True,
     help="abs, nosync: where a snapshot must be durable before it counts.",
 )
-@click.option("--max-concurrent-checkpoints", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--max-concurrent-checkpoints",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="abs: checkpoints in flight at once.",
+)
 @click.option(
     "--checkpoint-timeout-ms",
     type=click.IntRange(min=1),

@@ -32,7 +32,10 @@ def _candidates(text: str) -> list:
 @click.option("--operator", required=True, help="A keyed operator's name (aggregate, reduce, window, join...).")
 @click.option("--key", default=None, help="Only this key (read as JSON, else as a string).")
 @click.option(
-    "--as-of-epoch", type=click.IntRange(min=0), default=None, help="At the end of this epoch (default: all)."
+    "--as-of-epoch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="At the end of this epoch (default: the end of the input).",
 )
 @click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True, help="Keys shown (0: all).")
 @restore_from_option(
@@ -40,8 +43,9 @@ def _candidates(text: str) -> list:
     "retained snapshots in mode nosync), or recompute from the sources; auto takes the run's state when "
     "it has some to start from."
 )
+@click.option("--master", default=None, help="Spark master URL (default: embedded).")
 @click.option("--json", "as_json", is_flag=True, help="Print (key, state) pairs as JSON lines.")
-def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json) -> None:
+def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, as_json) -> None:
     """Show the keyed state of OPERATOR in the run RUN_DIR at the end of an epoch. The state is
     computed by Spark batch jobs running the pipeline's own operators over the run's input:
     from the latest retained checkpoint before that epoch for a run in mode abs, from a
@@ -84,6 +88,7 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, as_json)
             run_dir=scratch,
             restore=start["restore"],
             input_logs=start["input_logs"],
+            master=master,
         )
     except PipelineError as e:
         click.echo(f"error: {e}", err=True)

@@ -3,7 +3,7 @@
     nosync run experiments/workloads/wordcount.py -p input='experiments/data/*.txt' -p output=out/
 
 Parameters: input (a glob of text files; default: the bundled text), output (a directory of
-committed JSONL files; default: <run dir>/output if run through the CLI, else ./wordcount-out).
+committed JSONL files; default: ./wordcount-out; `nosync chaos` sets <run dir>/output).
 Each output record is [word, count so far]; the last record of a word is its total.
 """
 
