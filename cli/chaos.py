@@ -13,16 +13,30 @@ from cli.common import parse_params
 
 @click.command("chaos")
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), required=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["none", "abs", "nosync", "replay"]),
+    required=True,
+    help="The mode to judge (none is refused: it does not recover).",
+)
 @click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--kills", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
     "--out", type=click.Path(file_okay=False), default=None, help="Where the runs go (default: a new temp dir)."
 )
-@click.option("--epoch-records", type=click.IntRange(min=1), default=None)
-@click.option("--checkpoint-ms", type=click.IntRange(min=1), default=None)
-@click.option("--checkpoint-tier", type=click.Choice(["disk", "remote"]), default=None)
+@click.option(
+    "--epoch-records", type=click.IntRange(min=1), default=None, help="Passed to `nosync run` (default: its own)."
+)
+@click.option(
+    "--checkpoint-ms", type=click.IntRange(min=1), default=None, help="Passed to `nosync run` (default: its own)."
+)
+@click.option(
+    "--checkpoint-tier",
+    type=click.Choice(["disk", "remote"]),
+    default=None,
+    help="Passed to `nosync run` (default: its own).",
+)
 @click.option("--master", default=None, help="Spark master URL (default: embedded).")
 @click.option("--timeout", type=click.IntRange(min=10), default=600, show_default=True, help="Seconds per run.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
@@ -46,9 +60,10 @@ def chaos_cmd(
     SIGKILLs of workers; compare outputs.
 
     Exit code 0 only when the committed output is exactly the reference's; 1 when records were
-    lost or duplicated; 3 when the pipeline is not deterministic (nothing judged)."""
+    lost or duplicated, or a run failed (the one with kills: not exactly-once); 2 for a usage
+    error; 3 when the pipeline is not deterministic (nothing judged)."""
     from experiments.chaos import chaos
-    from nosync.errors import NosyncError
+    from nosync.errors import NosyncError, RunFailed
 
     args = parse_params(params)
     if "output" in args:
@@ -67,12 +82,20 @@ def chaos_cmd(
 
     try:
         r = chaos(pipeline_file, mode, workers, kills, seed, args, out, options, timeout=timeout, progress=progress)
+    except RunFailed as e:
+        click.echo(f"error: a failure-free run failed, so nothing was judged: {e}", err=True)
+        sys.exit(1)
     except NosyncError as e:
         raise click.UsageError(str(e)) from None
     if as_json:
         click.echo(json.dumps(r, sort_keys=True))
     else:
-        if not r["deterministic"]:
+        if "run_failed" in r:
+            click.echo(
+                f"not exactly-once: the run with kills failed after {r['kills']} kill(s) ({r['run_failed']}); "
+                f"runs in {out}"
+            )
+        elif not r["deterministic"]:
             second = r["reference_2"]
             pauses = ", ".join(f"worker {x['worker']} for {x['pause_s']:.2f} s" for x in second["paused"]) or "none"
             click.echo(

@@ -46,7 +46,7 @@ import sys
 import time
 from typing import Any
 
-from nosync.errors import NosyncError
+from nosync.errors import NosyncError, RunFailed
 
 PAUSE_S = (0.3, 1.5)
 """How long a pause of the second failure-free run stops a worker, drawn uniformly: about as
@@ -178,17 +178,22 @@ def _start(cmd: list[str], log_path: str) -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, run_dir: str, timeout: float) -> dict:
+    late = False
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        late = True
         proc.kill()
         proc.wait()
     proc._nosync_log.close()  # type: ignore[attr-defined]
     summary_path = os.path.join(run_dir, "summary.json")
     if proc.returncode != 0 or not os.path.exists(summary_path):
         with open(os.path.join(run_dir + ".log"), encoding="utf-8") as f:
-            tail = [line for line in f.read().splitlines() if line.strip()][-5:]
-        raise NosyncError(f"the run in {run_dir} failed (exit {proc.returncode}): " + " | ".join(tail))
+            lines = [line for line in f.read().splitlines() if line.strip()]
+        # the CLI's own error line when it wrote one, else the end of the log (a stack trace)
+        why = [line for line in lines if line.startswith("error: ")][-1:] or lines[-5:]
+        how = "had not ended at the timeout, and was stopped" if late else f"failed (exit {proc.returncode})"
+        raise RunFailed(f"the run in {run_dir} {how}: " + " | ".join(why))
     with open(summary_path, encoding="utf-8") as f:
         return json.load(f)
 
@@ -214,8 +219,9 @@ def run_chaos(
     progress: Any,
     pause: bool = False,
 ) -> tuple[dict, list]:
-    """The run with kills; returns its summary and, per kill, its time, victim, pid and the
-    seconds until the run was running again (`recovery_s`).
+    """The run with kills; returns its summary ({"failed": why} for a run that failed or did
+    not end in time) and, per kill, its time, victim, pid and the seconds until the run was
+    running again (`recovery_s`).
     `pause`: stop the victim for a while (`PAUSE_S`) instead of killing it.
 
     `plan` comes from the reference runs: `skip`, how many progress units (checkpoint
@@ -292,7 +298,10 @@ def run_chaos(
                 if any(e["event"] == "recovered" and e["t"] >= kill["t"] for e in events.seen):
                     break
                 time.sleep(0.01)
-        summary = _finish(proc, run_dir, max(1.0, deadline - time.monotonic()))
+        try:
+            summary = _finish(proc, run_dir, max(1.0, deadline - time.monotonic()))
+        except RunFailed as e:
+            summary = {"failed": str(e)}
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -359,7 +368,7 @@ def chaos(
     progress(
         f"second reference run (determinism): chunks of {second['batch_size']} records, {kills} pause(s) of a worker"
     )
-    _, paused = run_chaos(
+    summary, paused = run_chaos(
         pipeline_file,
         dirs["reference-2"],
         mode,
@@ -373,6 +382,8 @@ def chaos(
         progress,
         pause=True,
     )
+    if "failed" in summary:
+        raise RunFailed(summary["failed"])
     ref = outputs(dirs["reference"])
     again = compare(ref, outputs(dirs["reference-2"]))
     result: dict[str, Any] = {
@@ -397,6 +408,17 @@ def chaos(
     summary, done = run_chaos(
         pipeline_file, dirs["chaos"], mode, workers, params, options, kills, rng, plan, timeout, progress
     )
+    if "failed" in summary:
+        # a recovery that could not complete: nothing committed to compare, and not exactly-once
+        result.update(
+            deterministic=True,
+            judged=False,
+            exactly_once=False,
+            run_failed=summary["failed"],
+            kills=len(done),
+            killed=[{"worker": k["worker"], "pid": k["pid"]} for k in done],
+        )
+        return result
     per_sink = compare(ref, outputs(dirs["chaos"]))
     lost = sum(s.get("lost", 0) for s in per_sink.values())
     dup = sum(s.get("duplicated", 0) for s in per_sink.values())

@@ -245,6 +245,49 @@ def test_chaos_reports_an_output_that_depends_on_how_two_sources_interleave(tmp_
     assert r["reference_2"]["batch_size"] == 682
 
 
+def test_chaos_says_not_exactly_once_when_the_run_with_kills_fails(tmp_path):
+    """The process that replaces a killed worker raises (fails_after_a_restart): the run with
+    kills fails, and chaos reports it as not exactly-once (exit 1), with the kill made and
+    the run's error, rather than as a usage error."""
+    out = tmp_path / "chaos"
+    proc = subprocess.run(
+        [
+            *NOSYNC,
+            "chaos",
+            os.path.join(PIPELINES, "fails_after_a_restart.py"),
+            "--mode",
+            "nosync",
+            "--workers",
+            "2",
+            "--kills",
+            "1",
+            "-p",
+            "records=2000000",
+            "-p",
+            "workers=2",
+            "--out",
+            str(out),
+            "--timeout",
+            "300",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["deterministic"] is True and r["exactly_once"] is False and r["judged"] is False, r
+    assert r["kills"] == 1, r
+    # the run's own error line, naming the operator, not the end of a stack trace
+    assert "operator 'map_1'" in r["run_failed"] and "took the place of a killed worker" in r["run_failed"], r
+    assert "java" not in r["run_failed"], r["run_failed"]
+    # the failure-free runs had one process per worker; the run with kills, a third
+    assert len(os.listdir(out / "reference" / "starts")) == 2
+    assert len(os.listdir(out / "chaos" / "starts")) == 3
+
+
 def test_a_function_that_is_not_deterministic_is_caught_by_the_fingerprints(tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     # snapshots far apart: what the lost worker re-produces includes frames its peer processed
