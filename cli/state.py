@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 import click
@@ -71,33 +70,31 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
             err=True,
         )
         sys.exit(2)
-    scratch = scratch_near(run_dir, "nosync-state-")
-    try:
-        pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
-        # a checkpoint whose cut lies before epoch E begins (not only before it ends): the
-        # sources then read at least epoch E's end, so every task of every stage runs
-        start = choose_start(run_dir, run, pipeline, as_of_epoch, os.path.join(scratch, "start"), restore_from)
-        state = keyed_state(
-            run["pipeline_file"],
-            run.get("params") or {},
-            operator,
-            workers=int(run["workers"]),
-            epoch_records=run.get("epoch_records"),
-            until_epoch=as_of_epoch,
-            keys=None if key is None else _candidates(key),
-            run_dir=scratch,
-            restore=start["restore"],
-            input_logs=start["input_logs"],
-            master=master,
-        )
-    except PipelineError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
-    except NosyncError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1 if isinstance(e, RunFailed) else 2)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with scratch_near(run_dir, "nosync-state-") as scratch:
+        try:
+            pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
+            # a checkpoint whose cut lies before epoch E begins (not only before it ends): the
+            # sources then read at least epoch E's end, so every task of every stage runs
+            start = choose_start(run_dir, run, pipeline, as_of_epoch, os.path.join(scratch, "start"), restore_from)
+            state = keyed_state(
+                run["pipeline_file"],
+                run.get("params") or {},
+                operator,
+                workers=int(run["workers"]),
+                epoch_records=run.get("epoch_records"),
+                until_epoch=as_of_epoch,
+                keys=None if key is None else _candidates(key),
+                run_dir=scratch,
+                restore=start["restore"],
+                input_logs=start["input_logs"],
+                master=master,
+            )
+        except PipelineError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except NosyncError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1 if isinstance(e, RunFailed) else 2)
     state.sort(key=lambda kv: encode_key(kv[0]))
     shown = state if not limit else state[:limit]
     if as_json:

@@ -8,7 +8,9 @@ create or rename) are written once.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 
 def write(fd: int, data: bytes) -> None:
@@ -92,22 +94,24 @@ def copy_store(src: str, dst: str) -> None:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("LOCK"), copy_function=link_or_copy)
 
 
-def scratch_near(path: str, prefix: str) -> str:
-    """A new empty directory to copy the store (or tree of stores) at `path` into, on the
-    same file system where it can be, so that `copy_store` links its tables rather than
-    copying them: under the temporary directory when that is on the store's file system, else
-    beside `path` (a hidden name; the caller removes it), else under the temporary directory
-    after all."""
+@contextlib.contextmanager
+def scratch_near(path: str, prefix: str) -> Iterator[str]:
+    """A new empty directory, removed on exit, to copy the store (or tree of stores) at `path`
+    into, on the same file system where it can be, so that `copy_store` links its tables
+    rather than copying them: under the temporary directory when that is on the store's file
+    system, else beside `path` (a hidden name), else under the temporary directory after
+    all."""
+    import shutil
     import tempfile
 
-    tmp = tempfile.gettempdir()
+    made = None
     try:
-        same = os.stat(tmp).st_dev == os.stat(path).st_dev
+        if os.stat(tempfile.gettempdir()).st_dev != os.stat(path).st_dev:
+            made = tempfile.mkdtemp(prefix="." + prefix, dir=os.path.dirname(os.path.abspath(path)))
     except OSError:
-        same = True
-    if not same:
-        try:
-            return tempfile.mkdtemp(prefix="." + prefix, dir=os.path.dirname(os.path.abspath(path)))
-        except OSError:
-            pass  # beside it is not writable: the temporary directory, with copies
-    return tempfile.mkdtemp(prefix=prefix)
+        pass  # beside it is not writable: the temporary directory, with copies
+    made = made or tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)

@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 from typing import Any
 
 from lsm.files import copy_store, scratch_near, tree_bytes
@@ -171,8 +170,7 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             info["checkpoints"]["rewind_from_epoch"] = min(firsts, default=None)
     stores = _stores(run_dir)
     if open_stores:
-        copies = scratch_near(run_dir, "nosync-inspect-")
-        try:
+        with scratch_near(run_dir, "nosync-inspect-") as copies:
             busy = False
             for s in stores:
                 if _in_use(s["path"]):
@@ -188,8 +186,6 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             if run.get("mode") == "nosync" and not run.get("epoch_ms"):
                 first = None if busy else _first_cut_epoch(copies, run)
                 info["snapshots"] = {"rewind_from_epoch": first}
-        finally:
-            shutil.rmtree(copies, ignore_errors=True)
     info["stores"] = stores
     info["storage_bytes"] = {t: sum(s[f"{t}_bytes"] for s in stores) for t in TIERS}
     recoveries = (summary or {}).get("recoveries") or []
