@@ -62,10 +62,10 @@ def experiment_cmd(name: str, out: str, quick: bool, seed: int, master: str | No
     try:
         for n in names:
             points(EXPERIMENTS[n], quick, overrides, strict=name != "all")
-        unknown = [k for k in overrides if not any(k in p for n in names for p in EXPERIMENTS[n].points(quick))]
+        known = {k for n in names for p in EXPERIMENTS[n].points(quick) for k in p}
+        unknown = [k for k in overrides if k not in known]
         if unknown:
-            known = sorted({k for n in names for p in EXPERIMENTS[n].points(quick) for k in p})
-            raise NosyncError(f"no experiment has a parameter '{unknown[0]}'; they have: {', '.join(known)}")
+            raise NosyncError(f"no experiment has a parameter '{unknown[0]}'; they have: {', '.join(sorted(known))}")
     except NosyncError as e:
         raise click.BadParameter(str(e), param_hint="--set") from None
     os.makedirs(out, exist_ok=True)
