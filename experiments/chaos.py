@@ -22,6 +22,8 @@ is its JSON text with sorted keys), upsert sinks as final key-to-value maps. `lo
 records (or keys) of the reference missing from the chaos run, or with another value;
 `duplicated` counts records (or keys) of the chaos run beyond the reference. If the two
 reference runs differ, the pipeline is reported as not deterministic and nothing is judged.
+A run with kills that fails (or does not end within the timeout) is not exactly-once: the
+result has `run_failed`, the run's error, and nothing is compared.
 
 Kills: the victim and the moment are drawn from `random.Random(seed)`, measured in the run's
 own progress so that they fall inside it however fast it goes: each kill waits until the run
@@ -191,9 +193,14 @@ def _finish(proc: subprocess.Popen, run_dir: str, timeout: float) -> dict:
         with open(os.path.join(run_dir + ".log"), encoding="utf-8") as f:
             lines = [line for line in f.read().splitlines() if line.strip()]
         # the CLI's own error line when it wrote one, else the end of the log (a stack trace)
-        why = [line for line in lines if line.startswith("error: ")][-1:] or lines[-5:]
+        said = [
+            line.removeprefix("error: ").removeprefix("run failed: ") for line in lines if line.startswith("error: ")
+        ]
+        why = " | ".join(said[-1:] or lines[-5:])
+        if not late and proc.returncode == 2:
+            raise NosyncError(f"the run in {run_dir} refused its command line: {why}")  # a usage error
         how = "had not ended at the timeout, and was stopped" if late else f"failed (exit {proc.returncode})"
-        raise RunFailed(f"the run in {run_dir} {how}: " + " | ".join(why))
+        raise RunFailed(f"the run in {run_dir} {how}: {why}")
     with open(summary_path, encoding="utf-8") as f:
         return json.load(f)
 
@@ -307,9 +314,10 @@ def run_chaos(
             proc.kill()
             proc.wait()
     events.poll()
-    for k in done if not pause else ():
-        back = [e["t"] for e in events.seen if e["event"] in ("running", "recovered") and e["t"] > k["t"]]
-        k["recovery_s"] = (back[0] - k["t"]) if back else None
+    if not pause:
+        for k in done:
+            back = [e["t"] for e in events.seen if e["event"] in ("running", "recovered") and e["t"] > k["t"]]
+            k["recovery_s"] = (back[0] - k["t"]) if back else None
     return summary, done
 
 
@@ -408,32 +416,27 @@ def chaos(
     summary, done = run_chaos(
         pipeline_file, dirs["chaos"], mode, workers, params, options, kills, rng, plan, timeout, progress
     )
+    result.update(
+        deterministic=True,
+        kills=len(done),
+        recovery_s=[k["recovery_s"] for k in done],
+        killed=[{"worker": k["worker"], "pid": k["pid"]} for k in done],
+    )
     if "failed" in summary:
         # a recovery that could not complete: nothing committed to compare, and not exactly-once
-        result.update(
-            deterministic=True,
-            judged=False,
-            exactly_once=False,
-            run_failed=summary["failed"],
-            kills=len(done),
-            killed=[{"worker": k["worker"], "pid": k["pid"]} for k in done],
-        )
+        result.update(judged=False, exactly_once=False, run_failed=summary["failed"])
         return result
     per_sink = compare(ref, outputs(dirs["chaos"]))
     lost = sum(s.get("lost", 0) for s in per_sink.values())
     dup = sum(s.get("duplicated", 0) for s in per_sink.values())
     judged = any("lost" in s for s in per_sink.values())
     result.update(
-        deterministic=True,
         judged=judged,
         exactly_once=judged and lost == 0 and dup == 0,
         lost=lost,
         duplicated=dup,
-        kills=len(done),
         recoveries=len(summary.get("recoveries") or []),
-        recovery_s=[k["recovery_s"] for k in done],
         records_reprocessed=[r.get("records_reprocessed") for r in summary.get("recoveries") or []],
         sinks=per_sink,
-        killed=[{"worker": k["worker"], "pid": k["pid"]} for k in done],
     )
     return result

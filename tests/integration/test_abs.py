@@ -80,6 +80,7 @@ def judge_chaos(
         options=options,
     )
     assert r["deterministic"], r
+    assert "run_failed" not in r, r["run_failed"]
     assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
     assert r["recoveries"] == kills, r
     assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]

@@ -182,6 +182,7 @@ def test_abs_recovers_a_killed_worker_on_a_standalone_cluster(cluster, tmp_path)
         out=str(tmp_path / "chaos"),
         options={"master": cluster},
     )
+    assert "run_failed" not in r, r["run_failed"]
     assert r["kills"] == 1 and r["recoveries"] == 1, r
     assert r["exactly_once"] is True, r["sinks"]
     summary = json.loads((tmp_path / "chaos" / "chaos" / "summary.json").read_text())

@@ -210,6 +210,7 @@ def test_chaos_nosync_with_a_loop(tmp_path):
         timeout=300,
     )
     assert r["deterministic"], r
+    assert "run_failed" not in r, r["run_failed"]
     assert (r["kills"], r["recoveries"]) == (1, 1), r
     assert r["exactly_once"] is True, r["sinks"]
     # the reference against the loop's definition: every record goes round once, then while

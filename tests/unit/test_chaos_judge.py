@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 
-from experiments.chaos import advanced, canonical, compare, kill_plan
+import pytest
+
+from experiments.chaos import _finish, _start, advanced, canonical, compare, kill_plan
+from nosync.errors import NosyncError, RunFailed
 
 
 def multiset(*records) -> tuple[str, collections.Counter]:
@@ -88,3 +92,36 @@ def test_a_kill_after_a_recovery_counts_the_epochs_the_safe_point_jumped():
     assert advanced(events, start) == 11
     # with no progress before the start, the first event after it counts as one
     assert advanced([{"event": "running"}, {"event": "committed", "epoch": 4}], 0) == 1
+
+
+def _ended(tmp_path, code: str, timeout: float = 60.0) -> None:
+    """_finish on a real process running `code`, in place of a run (it leaves no summary)."""
+    run_dir = str(tmp_path / "run")
+    _finish(_start([sys.executable, "-c", code], run_dir + ".log"), run_dir, timeout)
+
+
+def test_a_failed_run_is_named_by_its_error_line_not_its_stack_trace(tmp_path):
+    code = (
+        "import sys; print('error: run failed: worker 1: operator x raised ValueError: boom'); "
+        "print('\\tat java.base/java.lang.Thread.run(Thread.java:840)'); sys.exit(1)"
+    )
+    with pytest.raises(RunFailed) as e:
+        _ended(tmp_path, code)
+    assert str(e.value).endswith("failed (exit 1): worker 1: operator x raised ValueError: boom"), str(e.value)
+
+
+def test_a_run_that_refused_its_command_line_is_a_usage_error_not_a_failed_run(tmp_path):
+    with pytest.raises(NosyncError) as e:
+        _ended(tmp_path, "import sys; print('error: no pipeline here'); sys.exit(2)")
+    assert not isinstance(e.value, RunFailed)
+    assert str(e.value).endswith("refused its command line: no pipeline here")
+
+
+def test_a_run_past_its_timeout_is_stopped_and_counts_as_failed(tmp_path):
+    with pytest.raises(RunFailed, match="had not ended at the timeout, and was stopped"):
+        _ended(tmp_path, "import time; time.sleep(600)", timeout=0.5)
+
+
+def test_a_run_that_ended_without_a_summary_failed(tmp_path):
+    with pytest.raises(RunFailed, match=r"failed \(exit 0\): no summary written"):
+        _ended(tmp_path, "print('no summary written')")

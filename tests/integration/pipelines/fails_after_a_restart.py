@@ -1,9 +1,10 @@
 """Test pipeline that fails in a process started after the run's first ones.
 
-Every process that applies its `map` leaves a file named by its pid in `starts/`, beside the
-output directory (in the run directory, under `nosync chaos`); a process that finds more such
-files than there are workers raises. A failure-free run passes; once a worker is killed, the
-process that takes its place fails the run. Parameters: records, keys, workers, output.
+Every process that applies its `map` leaves a file named by its pid and start time in
+`starts/`, beside the output directory (in the run directory, under `nosync chaos`); a process
+that finds more such files than `workers` raises. A failure-free run passes; once a worker is
+killed, the process that takes its place fails the run. `-p workers` must be the run's
+`--workers`. Parameters: records, keys, workers, output.
 """
 
 import os
@@ -11,17 +12,28 @@ import os
 import nosync as ns
 
 
+def _me() -> str:
+    """This process: its pid and its start time (field 22 of /proc/self/stat), so that a pid
+    used again names another process."""
+    with open("/proc/self/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return f"{os.getpid()}-{fields[19]}"
+
+
 def build(args):
     workers = int(args["workers"])
+    if workers < 1:
+        raise ValueError(f"-p workers={workers}: give the run's --workers")
     starts = os.path.join(os.path.dirname(os.path.abspath(args["output"])), "starts")
+    me = []
 
     def check(key):
-        mark = os.path.join(starts, str(os.getpid()))
-        if not os.path.exists(mark):
+        if not me:
+            me.append(_me())
             os.makedirs(starts, exist_ok=True)
-            open(mark, "w").close()
+            open(os.path.join(starts, me[0]), "w").close()
             if len(os.listdir(starts)) > workers:
-                raise RuntimeError(f"process {os.getpid()} took the place of a killed worker: this pipeline stops")
+                raise RuntimeError(f"process {me[0]} took the place of a killed worker: this pipeline stops")
         return key
 
     p = ns.Pipeline("fails_after_a_restart")
