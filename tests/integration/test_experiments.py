@@ -86,6 +86,10 @@ def test_bad_input_is_refused_with_its_name(tmp_path):
     assert p.returncode == 2 and "bogus" in p.stderr and "interval_ms" in p.stderr, p.stderr
     p = experiment(EXP, "--quick", "--out", str(tmp_path / "x"), "-s", "records=many")
     assert p.returncode == 2 and "records=many" in p.stderr, p.stderr
+    # all of them: a parameter none has is refused naming those they have
+    p = experiment("all", "--quick", "--out", str(tmp_path / "x"), "-s", "bogus=1")
+    assert p.returncode == 2 and "no experiment has a parameter 'bogus'" in p.stderr, p.stderr
+    assert "interval_ms" in p.stderr and "skew" in p.stderr, p.stderr
     p = experiment("no-such-experiment")
     assert p.returncode == 2 and "no-such-experiment" in p.stderr
     p = experiment("report", "--out", str(tmp_path / "missing"))
