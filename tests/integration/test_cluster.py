@@ -101,7 +101,11 @@ def cluster(tmp_path):
 
         def two_alive():
             with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
-                return json.load(r).get("aliveworkers", 0) >= 2
+                body = r.read()
+            try:
+                return json.loads(body).get("aliveworkers", 0) >= 2
+            except ValueError:
+                return False  # the UI answering before it serves its JSON (a fresh-clone run read an empty body)
 
         wait_for(two_alive, 90, "two live workers")
         yield f"spark://127.0.0.1:{port}"
