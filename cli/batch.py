@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from cli.common import parse_params
+from cli.common import master_option, parse_params
 
 
 @click.command("batch")
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True, help="Tasks per stage.")
-@click.option("--master", default=None, help="Spark master URL (default: embedded local[W,F]).")
+@master_option()
 @click.option(
     "--run-dir", type=click.Path(file_okay=False), default=None, help="For dead letters (default: runs/batch-TIME)."
 )

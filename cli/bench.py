@@ -9,6 +9,8 @@ import tempfile
 
 import click
 
+from cli.common import master_option
+
 
 @click.group()
 def bench() -> None:
@@ -80,7 +82,7 @@ def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, wor
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
-@click.option("--master", default=None, help="Spark master URL (default: embedded local[W,F]).")
+@master_option()
 @click.option(
     "--sink",
     type=click.Choice(["parquet", "null"]),
@@ -129,7 +131,7 @@ def _modes(value: str) -> list[str]:
     metavar="MS",
     help="Worker 0's source waits MS milliseconds after every batch (a straggler).",
 )
-@click.option("--master", default=None, help="Spark master URL (default: embedded local[W,F]).")
+@master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, slow_ms, master, as_json) -> None:
     """keyed_count under each mode, with each mode's ratio to mode none, in one command."""
@@ -161,7 +163,7 @@ def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, slow
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(2M, 4 x keys).")
 @click.option("--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option("--master", default=None, help="Spark master URL (default: embedded local[W,F]).")
+@master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json) -> None:
     """Kills one worker mid-run; prints recovery time and records reprocessed per mode."""
@@ -185,7 +187,7 @@ def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json
 @click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept for each.")
-@click.option("--master", default=None, help="Spark master URL (default: embedded local[W,F]).")
+@master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 def bench_batch(workers, records, keys, reps, master, as_json) -> None:
     """A keyed_count backfill: Spark batch jobs against the streaming run, in one session."""
@@ -203,7 +205,7 @@ def bench_batch(workers, records, keys, reps, master, as_json) -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(2M, 4 x keys).")
-@click.option("--master", default=None, help="Spark master URL (default: embedded local[W,F]).")
+@master_option()
 @click.option(
     "--mode",
     type=click.Choice(["abs", "nosync"]),

@@ -8,7 +8,7 @@ import tempfile
 
 import click
 
-from cli.common import parse_params
+from cli.common import master_option, parse_params
 
 
 @click.command("chaos")
@@ -37,7 +37,7 @@ from cli.common import parse_params
     default=None,
     help="Passed to `nosync run` (default: its own).",
 )
-@click.option("--master", default=None, help="Spark master URL (default: embedded).")
+@master_option("embedded")
 @click.option("--timeout", type=click.IntRange(min=10), default=600, show_default=True, help="Seconds per run.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")

@@ -51,3 +51,9 @@ def restore_from_option(help: str) -> Callable:
         show_default=True,
         help=help,
     )
+
+
+def master_option(default: str = "embedded local[W,F]") -> Callable:
+    """`--master URL`, shared by every command that runs Spark; `default` says what runs when
+    it is not given."""
+    return click.option("--master", default=None, help=f"Spark master URL (default: {default}).")

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from cli.common import parse_params, spark_output_to
+from cli.common import master_option, parse_params, spark_output_to
 
 NAMES = (
     "overhead-vs-interval",
@@ -31,7 +31,7 @@ NAMES = (
 )
 @click.option("--quick", is_flag=True, help="A reduced grid of each experiment (all six: under 10 minutes on 2 cores).")
 @click.option("--seed", type=int, default=1, show_default=True, help="The data seed of repetition 0 (rep r: seed + r).")
-@click.option("--master", default=None, help="Spark master URL (default: embedded).")
+@master_option("embedded")
 @click.option(
     "-s",
     "--set",

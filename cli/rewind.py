@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from cli.common import restore_from_option
+from cli.common import master_option, restore_from_option
 
 
 @click.command("rewind")
@@ -33,7 +33,7 @@ from cli.common import restore_from_option
     "a consistent cut of the workers' retained snapshots in mode nosync), or a recomputation from the "
     "sources; auto takes the run's state when it has some to start from."
 )
-@click.option("--master", default=None, help="Spark master URL (default: embedded).")
+@master_option("embedded")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
 def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from, master, as_json) -> None:
     """Restore OPERATOR of the run in RUN_DIR, and its downstream cone, to the state just before

@@ -7,16 +7,14 @@ import time
 
 import click
 
-from cli.common import parse_params
+from cli.common import master_option, parse_params
 
 
 @click.command("run")
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), default="none", show_default=True)
 @click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option(
-    "--master", default=None, help="Spark master URL (default: embedded local[W,F]; 2W slots in mode replay)."
-)
+@master_option("embedded local[W,F]; 2W slots in mode replay")
 @click.option(
     "--run-dir", type=click.Path(file_okay=False), default=None, help="Where metrics go (default: runs/NAME-TIME)."
 )

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from cli.common import restore_from_option
+from cli.common import master_option, restore_from_option
 
 
 def _candidates(text: str) -> list:
@@ -42,7 +42,7 @@ def _candidates(text: str) -> list:
     "retained snapshots in mode nosync), or recompute from the sources; auto takes the run's state when "
     "it has some to start from."
 )
-@click.option("--master", default=None, help="Spark master URL (default: embedded).")
+@master_option("embedded")
 @click.option("--json", "as_json", is_flag=True, help="Print (key, state) pairs as JSON lines.")
 def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, as_json) -> None:
     """Show the keyed state of OPERATOR in the run RUN_DIR at the end of an epoch. The state is
