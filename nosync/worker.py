@@ -623,19 +623,7 @@ class Worker:
 
         if self._dl_file is None:
             path = os.path.join(self.spec["run_dir"], f"dead-letter-w{self.index}.jsonl")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._dl_seen = set()
-            if os.path.exists(path):
-                # a restarted worker, or one that rolled back, reads some input again: a record
-                # already in the file is not written twice
-                with open(path, encoding="utf-8") as f:
-                    for line in f:
-                        try:
-                            d = json.loads(line)
-                        except ValueError:
-                            continue  # a line torn by a crash
-                        self._dl_seen.add(_dead_letter_key(d["source"], d["file"], d["position"]))
-            self._dl_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
+            self._dl_file, self._dl_seen = open_dead_letters(path)
         key = _dead_letter_key(op_name, bad.source, bad.position)
         if key in self._dl_seen:
             return
@@ -978,6 +966,43 @@ def _dead_letter_key(source: str, file: str, position: Any) -> tuple:
     import json
 
     return source, file, json.dumps(position, sort_keys=True, default=str)
+
+
+def open_dead_letters(path: str) -> tuple[Any, set]:
+    """Opens a worker's dead-letter file for appending, and the keys of the records it holds.
+
+    A restarted worker, or one that rolled back, reads some input again: a record already in
+    the file is not written twice. A last line that a crash left without its newline is ended
+    if it holds a whole record, and cut off otherwise (its record is in the input the worker
+    reads again), so that the next record starts a line of its own."""
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    seen: set = set()
+    with open(path, "a+b") as f:
+        f.seek(0)
+        lines = f.read().split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline
+        if tail:
+            if _dead_letter_record(tail) is None:
+                f.truncate(f.tell() - len(tail))
+            else:
+                f.write(b"\n")
+                lines.append(tail)
+    for line in lines:
+        d = _dead_letter_record(line)
+        if d is not None:
+            seen.add(_dead_letter_key(d["source"], d["file"], d["position"]))
+    return open(path, "a", encoding="utf-8"), seen  # noqa: SIM115 - the caller closes it
+
+
+def _dead_letter_record(line: bytes) -> dict | None:
+    import json
+
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) and {"source", "file", "position"} <= d.keys() else None
 
 
 def worker_main(spec: dict, index: int, _iterator: Any) -> list:
