@@ -18,7 +18,10 @@ command sets `-p output=...`: pipeline files take their sink directories from
 `args["output"]`, as the shipped workloads do).
 
 The committed output of every sink is compared: file sinks as multisets of records (a record
-is its JSON text with sorted keys), upsert sinks as final key-to-value maps. `lost` counts
+is its JSON text with sorted keys), upsert sinks as final key-to-value maps. The records a
+run's sources could not parse are compared too, when either run has any: the dead-letter
+files of its workers, as a multiset of (source, file, position), under the name
+`(dead letters)`; a line left torn counts as a record of its own. `lost` counts
 records (or keys) of the reference missing from the chaos run, or with another value;
 `duplicated` counts records (or keys) of the chaos run beyond the reference. If the two
 reference runs differ, the pipeline is reported as not deterministic and nothing is judged.
@@ -39,6 +42,7 @@ comes from the coordinator's events (`events.jsonl`: the newest registration of 
 from __future__ import annotations
 
 import collections
+import glob
 import json
 import os
 import random
@@ -57,6 +61,8 @@ DEFAULT_BATCH_SIZE = 1024
 """`nosync run`'s default --batch-size."""
 PROGRESS_EVENTS = ("checkpoint_completed", "safe_point", "committed")
 """Events after which a kill can find something to recover from."""
+DEAD_LETTERS = "(dead letters)"
+"""The name the records a run's sources could not parse are compared under, as a sink's."""
 ENDED = 1 << 62
 """A progress value at or above it is the end of the input (the epoch of a finished channel)."""
 
@@ -106,6 +112,21 @@ def committed_outputs(pipeline_file: str, params: dict) -> dict[str, tuple[str, 
     return out
 
 
+def dead_letters(run_dir: str) -> collections.Counter:
+    """The records a run's sources could not parse, from its workers' dead-letter files: a
+    multiset of (source, file, position), each as its canonical JSON text."""
+    found: collections.Counter = collections.Counter()
+    for path in sorted(glob.glob(os.path.join(run_dir, "dead-letter-w*.jsonl"))):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    d = json.loads(line)
+                    found[canonical([d["source"], d["file"], d["position"]])] += 1
+                except (ValueError, KeyError, TypeError):
+                    found[canonical(["a torn line", os.path.basename(path), line])] += 1
+    return found
+
+
 def compare(ref: dict, got: dict) -> dict:
     """Lost and duplicated records of every sink of `got` against `ref`."""
     per_sink = {}
@@ -130,6 +151,9 @@ def compare(ref: dict, got: dict) -> dict:
             }
         else:
             per_sink[name] = {"kind": "not judged (keeps no output)"}
+    dead = per_sink.get(DEAD_LETTERS)
+    if dead is not None and not dead["records"] and not dead["duplicated"]:
+        del per_sink[DEAD_LETTERS]  # no run could not parse anything: nothing to show
     return per_sink
 
 
@@ -368,7 +392,9 @@ def chaos(
     dirs = {name: os.path.join(out, name) for name in ("reference", "reference-2", "chaos")}
 
     def outputs(run_dir: str) -> dict:
-        return committed_outputs(pipeline_file, {**params, "output": os.path.join(run_dir, "output")})
+        got = committed_outputs(pipeline_file, {**params, "output": os.path.join(run_dir, "output")})
+        got[DEAD_LETTERS] = ("multiset", dead_letters(run_dir))
+        return got
 
     progress("reference run")
     run_reference(pipeline_file, dirs["reference"], mode, workers, params, options, timeout)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from experiments.chaos import _finish, _start, advanced, canonical, compare, kill_plan
+from experiments.chaos import DEAD_LETTERS, _finish, _start, advanced, canonical, compare, dead_letters, kill_plan
 from nosync.errors import NosyncError, RunFailed
 
 
@@ -42,6 +42,34 @@ def test_upsert_sink_counts_missing_wrong_and_extra_keys():
 def test_a_sink_missing_from_the_run_loses_everything():
     ref = {"out": multiset(1, 2, 3)}
     assert compare(ref, {})["out"]["lost"] == 3
+
+
+def test_dead_letters_of_every_worker_count_by_source_file_and_position(tmp_path):
+    bad = {"source": "lines", "file": "/in/a.jsonl", "position": {"line": 3}, "error": "not JSON"}
+    other = {"source": "lines", "file": "/in/b.jsonl", "position": {"line": 3}, "error": "not JSON"}
+    (tmp_path / "dead-letter-w0.jsonl").write_text(json.dumps(bad) + "\n" + json.dumps(other) + "\n")
+    # the same record written twice (by two workers here), and a line a crash left torn
+    (tmp_path / "dead-letter-w1.jsonl").write_text(json.dumps({**bad, "error": "again"}) + "\n" + '{"sour')
+    (tmp_path / "output").mkdir()  # not a worker's file: left alone
+    got = dead_letters(str(tmp_path))
+    assert got == collections.Counter(
+        {
+            canonical(["lines", "/in/a.jsonl", {"line": 3}]): 2,
+            canonical(["lines", "/in/b.jsonl", {"line": 3}]): 1,
+            canonical(["a torn line", "dead-letter-w1.jsonl", '{"sour']): 1,
+        }
+    )
+    assert dead_letters(str(tmp_path / "output")) == collections.Counter()
+
+
+def test_dead_letters_are_judged_as_a_multiset_and_left_out_when_no_run_has_any():
+    ref = {"out": multiset(1), DEAD_LETTERS: multiset(["lines", "a", 3], ["lines", "a", 8])}
+    got = {"out": multiset(1), DEAD_LETTERS: multiset(["lines", "a", 3], ["lines", "a", 3])}
+    assert compare(ref, got)[DEAD_LETTERS] == {"kind": "files", "records": 2, "lost": 1, "duplicated": 1}
+    # only the run with kills wrote one: a duplicate
+    ref = {"out": multiset(1), DEAD_LETTERS: multiset()}
+    assert compare(ref, got)[DEAD_LETTERS]["duplicated"] == 2
+    assert set(compare(ref, {"out": multiset(1), DEAD_LETTERS: multiset()})) == {"out"}
 
 
 def write_events(path, events) -> None:
