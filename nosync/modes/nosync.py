@@ -12,7 +12,7 @@ Every frame on the link to a peer carries `(edge, chan_seq, epoch, fingerprint)`
 link, the fingerprint an xxh64 of the encoded records) and, in its header, the lineage entries
 the receiver does not hold yet — the sender's own and those of every other worker it holds
 (causal logging: whoever received a frame holds the entries of every step the frame depends
-on, transitively). The frame stays in the sender's output log until the receiver's durable
+on, transitively); more than a header holds go in a LINEAGE frame just before it. The frame stays in the sender's output log until the receiver's durable
 point covers it; past `max_output_log_mb` in memory, frames already durable in a snapshot are
 dropped from memory (spilled) and read back from the store if a peer asks for them again.
 
@@ -79,9 +79,12 @@ OUT = "_o"
 RETENTION = 64
 """Snapshots whose versions each worker's store keeps through compaction (a rewind starts
 from a consistent cut of them); more survive until the next compaction."""
-MAX_LINEAGE_PER_FRAME = 2000
-"""Lineage entries one frame carries per origin at most (the header is bounded); the rest
-go with the next frames."""
+HEADER_LINEAGE = 1500
+"""Lineage entries a frame's header carries at most, over all origins: an entry packs to 31
+bytes at most, so the header stays within its bound (frames.MAX_HEADER). More than that (a
+backlog: a peer that reconnected, a link that carries little) go in a LINEAGE frame of their
+own just before the frame, in order on the same link, so the receiver holds every entry the
+frame depends on before it processes it."""
 
 
 def store_path(run_dir: str, worker: int) -> str:
@@ -214,6 +217,7 @@ class NosyncHooks(WorkerHooks):
         self.replayed_records = 0
         self.read_restored = 0
         self.dropped_frames = 0
+        self.lineage_frames = 0
         self.recovered = False
         self.restore_s = 0.0
         self._reset()
@@ -275,12 +279,19 @@ class NosyncHooks(WorkerHooks):
         header["s"] = seq
         header["fp"] = xxhash.xxh64_intdigest(data)
         lin = {}
+        held = 0
         for origin in self.stash.origins():
             if origin != dest:
-                got = self.stash.delta(dest, origin, MAX_LINEAGE_PER_FRAME)
+                got = self.stash.delta(dest, origin)
                 if got:
                     lin[origin] = got
-        if lin:
+                    held += len(got)
+        if held > HEADER_LINEAGE:
+            self.lineage_frames += 1
+            if self.up.get(dest):
+                # counted like a data frame, so that it keeps its place in the link's order
+                worker.out[dest].send(frames.encode(frames.LINEAGE, {"more": 1}, {"lin": lin}))
+        elif lin:
             header["lin"] = lin
         frame = frames.encode_packed(kind, header, data)
         item = [seq, frame]
@@ -352,8 +363,14 @@ class NosyncHooks(WorkerHooks):
         return frames.encode(frames.LINEAGE, {"resume": self.consumed.get(peer, 0) + 1}, {"lin": lin, "for": peer})
 
     def _on_lineage(self, worker: Any, j: int, f: Any) -> None:
-        """Peer `j` (re)connected: it holds these lineage entries, and wants the frames of the
-        link to it again from chan_seq `resume` on."""
+        """A LINEAGE frame from peer `j`: the entries that did not fit in the header of the
+        frame after it (`more`), or, when `j` (re)connected, the entries it holds, and the
+        chan_seq from which it wants the frames of the link to it again."""
+        if f.header.get("more"):
+            if isinstance(f.body, dict):
+                self._take_lineage(f.body)
+            worker.credit(j)
+            return
         body = f.body
         if isinstance(body, dict):
             for origin, entries in (body.get("lin") or {}).items():
@@ -788,6 +805,7 @@ class NosyncHooks(WorkerHooks):
             "persist_stall_s": stall,
             "replayed_steps": self.replayed_steps,
             "dropped_frames": self.dropped_frames,
+            "lineage_frames": self.lineage_frames,
             "restore_s": self.restore_s,
             "output_log_frames": sum(len(q) for q in self.outlog.values()),
             "output_log_bytes": self.out_mem,
@@ -975,6 +993,7 @@ class NosyncMode(Mode):
             "snapshots": sum(m.get("snapshots", 0) for m in per),
             "replayed_steps": sum(m.get("replayed_steps", 0) for m in per),
             "frames_dropped_as_replayed": sum(m.get("dropped_frames", 0) for m in per),
+            "lineage_frames": sum(m.get("lineage_frames", 0) for m in per),
             "output_log_spilled_frames": sum(m.get("output_log_spilled_frames", 0) for m in per),
             "input_logged_records": sum(m.get("input_logged_records", 0) for m in per),
             "safe_point": self.safe,

@@ -1,0 +1,77 @@
+"""Lineage entries travel with the frames of mode nosync (causal logging). A backlog of them
+(a peer that reconnected, a link that carries little) does not fit in a frame's header, whose
+size is bounded: it goes in a LINEAGE frame of its own, just before the frame, on the same
+link, so the receiver holds every entry before it processes the frame. Real frames over a
+real socket pair; the workers at both ends are stand-ins for what the hooks use of them."""
+
+from __future__ import annotations
+
+import socket
+
+from nosync import channels, frames
+from nosync.modes.nosync import HEADER_LINEAGE, NosyncHooks
+
+
+class StandInWorker:
+    def __init__(self, index: int, out: dict | None = None) -> None:
+        self.index = index
+        self.out = out or {}
+        self.credited: list[int] = []
+
+    def credit(self, j: int) -> None:
+        self.credited.append(j)
+
+
+def entries(first_step: int, n: int, peer: int) -> list[tuple]:
+    """n lineage entries of frames from `peer`, at steps and chan_seqs of a long run."""
+    return [(first_step + k, ("i", peer, first_step + k)) for k in range(n)]
+
+
+def send_and_receive(held: dict[int, list[tuple]]) -> tuple[list[frames.Frame], NosyncHooks, StandInWorker]:
+    """Worker 0 of 4, holding `held` (origin -> entries), sends worker 3 one data frame;
+    returns the frames that arrive, and worker 3's hooks after it accepted them."""
+    a, b = socket.socketpair()
+    try:
+        conn = channels.Connection(a, "w3", credits=channels.INITIAL_CREDITS)
+        sender = NosyncHooks({})
+        for origin, got in held.items():
+            sender.stash.add(origin, got)
+        sender.up[3] = True
+        sender.send_frame(StandInWorker(0, {3: conn}), 3, frames.DATA, {"e": 0}, [["a", 1]])
+        while not conn.flush():
+            pass
+        a.shutdown(socket.SHUT_WR)
+        reader, got = frames.FrameReader(), []
+        while chunk := b.recv(1 << 20):
+            got += reader.feed(chunk)
+    finally:
+        a.close()
+        b.close()
+    me = StandInWorker(3)
+    receiver = NosyncHooks({})
+    receiver.w = me
+    for f in got:
+        receiver.accept_frame(me, 0, f)
+    return got, receiver, me
+
+
+def test_a_backlog_goes_in_a_lineage_frame_just_before_the_data_frame():
+    held = {0: entries(70_001, 2500, 3), 1: entries(90_001, 2500, 2), 2: entries(80_001, 2500, 1)}
+    got, receiver, me = send_and_receive(held)
+    assert [f.kind for f in got] == [frames.LINEAGE, frames.DATA]
+    assert got[0].header == {"more": 1}
+    assert "lin" not in got[1].header and got[1].header["s"] == 1
+    for origin in (0, 1, 2):
+        assert receiver.stash.entries(origin) == held[origin]
+    # the lineage frame took a credit like a data frame, and is returned like one
+    assert me.credited == [0]
+    assert receiver.consumed == {0: 1}
+
+
+def test_a_few_entries_ride_in_the_header():
+    held = {0: entries(70_001, 40, 3), 2: entries(80_001, HEADER_LINEAGE - 40, 1)}
+    got, receiver, _ = send_and_receive(held)
+    assert [f.kind for f in got] == [frames.DATA]
+    assert sorted(got[0].header["lin"]) == [0, 2]
+    for origin in (0, 2):
+        assert receiver.stash.entries(origin) == held[origin]
