@@ -12,9 +12,10 @@ Every frame on the link to a peer carries `(edge, chan_seq, epoch, fingerprint)`
 link, the fingerprint an xxh64 of the encoded records) and, in its header, the lineage entries
 the receiver does not hold yet — the sender's own and those of every other worker it holds
 (causal logging: whoever received a frame holds the entries of every step the frame depends
-on, transitively); more than a header holds go in a LINEAGE frame just before it. The frame stays in the sender's output log until the receiver's durable
-point covers it; past `max_output_log_mb` in memory, frames already durable in a snapshot are
-dropped from memory (spilled) and read back from the store if a peer asks for them again.
+on, transitively); more than a header holds go in a LINEAGE frame just before it. The frame
+stays in the sender's output log until the receiver's durable point covers it; past
+`max_output_log_mb` in memory, frames already durable in a snapshot are dropped from memory
+(spilled) and read back from the store if a peer asks for them again.
 
 Every `persist_ms` the worker takes a local snapshot between two steps, alone: exchange buffers
 are flushed (a logged step), sinks pre-commit what they staged, and one `append` to the
@@ -276,8 +277,8 @@ class NosyncHooks(WorkerHooks):
         data = _pack(body)
         seq = self.produced.get(dest, 0) + 1
         self.produced[dest] = seq
-        header["s"] = seq
-        header["fp"] = xxhash.xxh64_intdigest(data)
+        # a copy: a broadcast hands every destination the same header, and each gets its own lineage
+        header = {**header, "s": seq, "fp": xxhash.xxh64_intdigest(data)}
         lin = {}
         held = 0
         for origin in self.stash.origins():

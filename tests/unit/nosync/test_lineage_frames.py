@@ -75,3 +75,23 @@ def test_a_few_entries_ride_in_the_header():
     assert sorted(got[0].header["lin"]) == [0, 2]
     for origin in (0, 2):
         assert receiver.stash.entries(origin) == held[origin]
+
+
+def test_a_broadcast_gives_each_destination_its_own_lineage():
+    """A marker goes to every peer with one header: the lineage handed to the first must not
+    ride on to the next, which had been handed it already."""
+    sender = NosyncHooks({})  # worker 0 of 3; no link up, so the frames stay in its output log
+    me = StandInWorker(0)
+    sender.stash.add(0, entries(501, 10, 1))
+    sender.send_frame(me, 2, frames.DATA, {"e": 0}, [["a", 1]])  # worker 2 is handed them now
+    header = {"edge": 0, "epoch": 1}
+    for dest in (1, 2):
+        sender.send_frame(me, dest, frames.MARKER, header, None)
+
+    def last_header(dest: int) -> dict:
+        (f,) = frames.FrameReader().feed(sender.outlog[dest][-1][1])
+        return f.header
+
+    assert last_header(1)["lin"] == {0: tuple(entries(501, 10, 1))}
+    assert "lin" not in last_header(2)
+    assert (last_header(1)["s"], last_header(2)["s"]) == (1, 2)
