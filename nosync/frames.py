@@ -24,6 +24,8 @@ MAX_HEADER = 0xFFFF
 """The header length is a u16."""
 PREFIX = struct.Struct("<IBBH")
 PREFIX_SIZE = PREFIX.size
+MAX_BODY = MAX_FRAME - 4 - MAX_HEADER
+"""The largest body a frame takes whatever its header: a sender splits its records to fit."""
 
 DATA = 1
 """Records of one batch on an exchange edge. Header: edge, epoch, ts (ingest time), n."""

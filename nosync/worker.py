@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import xxhash
 
 from nosync import channels, frames
@@ -78,8 +79,6 @@ def partition_of(key: Any, workers: int) -> int:
     elif type(key) is int:
         data = key.to_bytes(16, "little", signed=True)
     else:
-        import msgpack
-
         data = msgpack.packb(key, use_bin_type=True)
     return xxhash.xxh64_intdigest(data) % workers
 
@@ -206,9 +205,24 @@ class Router:
         if not recs:
             return
         self.buffers[d] = []
+        self._send_records(d, recs, msgpack.packb(recs, use_bin_type=True))
+
+    def _send_records(self, d: int, recs: list, data: bytes) -> None:
+        """One frame of `recs` (packed: `data`), or, when they do not fit in one, the frames of
+        each half (large records: the buffer counts records, not bytes)."""
+        if len(data) > frames.MAX_BODY:
+            if len(recs) == 1:
+                raise RunFailed(
+                    f"a record of {len(data):,} bytes on its way to operator '{self.dst.name}' does not fit "
+                    f"in a frame ({frames.MAX_BODY:,} bytes at most)"
+                )
+            half = len(recs) // 2
+            for part in (recs[:half], recs[half:]):
+                self._send_records(d, part, msgpack.packb(part, use_bin_type=True))
+            return
         w = self.w
         w.hooks.send_frame(
-            w, d, frames.DATA, {"edge": self.edge, "epoch": self.buffer_epoch[d], "ts": w.clock.ts}, recs
+            w, d, frames.DATA, {"edge": self.edge, "epoch": self.buffer_epoch[d], "ts": w.clock.ts}, data
         )
 
     def due(self, older_than: float) -> list[int]:
@@ -225,9 +239,10 @@ class Router:
     def _broadcast(self, kind: int, header: dict, body: Any = None) -> None:
         self.flush()
         w = self.w
+        data = msgpack.packb(body, use_bin_type=True)
         for d in range(self.n):
             if d != self.me:
-                w.hooks.send_frame(w, d, kind, header, body)
+                w.hooks.send_frame(w, d, kind, header, data)
 
     def marker(self, _chan: Any, epoch: int, wm: Any, eos: bool) -> None:
         self._broadcast(frames.MARKER, {"edge": self.edge, "epoch": epoch, "wm": wm, "eos": eos})

@@ -53,9 +53,9 @@ class WorkerHooks:
 
     # -- the data path (a mode that numbers and logs frames and steps overrides these) ----
 
-    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, body: Any) -> None:
-        """Sends a data, marker or event frame to worker `dest`."""
-        worker.out[dest].send(frames.encode(kind, header, body))
+    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
+        """Sends a data, marker or event frame to worker `dest`; `data` is its body, packed."""
+        worker.out[dest].send(frames.encode_packed(kind, header, data))
 
     def accept_frame(self, worker: Any, source: int, frame: Any) -> bool:
         """Whether a frame that arrived from worker `source` is processed now."""

@@ -273,8 +273,7 @@ class NosyncHooks(WorkerHooks):
                 self._log(("f", ri, d))
                 r._send(d)
 
-    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, body: Any) -> None:
-        data = _pack(body)
+    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
         seq = self.produced.get(dest, 0) + 1
         self.produced[dest] = seq
         # a copy: a broadcast hands every destination the same header, and each gets its own lineage

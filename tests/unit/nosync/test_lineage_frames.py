@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import socket
 
+import msgpack
+
 from nosync import channels, frames
 from nosync.modes.nosync import HEADER_LINEAGE, NosyncHooks
+
+RECORDS = msgpack.packb([["a", 1]])
+"""The packed body of a data frame."""
 
 
 class StandInWorker:
@@ -37,7 +42,7 @@ def send_and_receive(held: dict[int, list[tuple]]) -> tuple[list[frames.Frame], 
         for origin, got in held.items():
             sender.stash.add(origin, got)
         sender.up[3] = True
-        sender.send_frame(StandInWorker(0, {3: conn}), 3, frames.DATA, {"e": 0}, [["a", 1]])
+        sender.send_frame(StandInWorker(0, {3: conn}), 3, frames.DATA, {"e": 0}, RECORDS)
         while not conn.flush():
             pass
         a.shutdown(socket.SHUT_WR)
@@ -83,10 +88,10 @@ def test_a_broadcast_gives_each_destination_its_own_lineage():
     sender = NosyncHooks({})  # worker 0 of 3; no link up, so the frames stay in its output log
     me = StandInWorker(0)
     sender.stash.add(0, entries(501, 10, 1))
-    sender.send_frame(me, 2, frames.DATA, {"e": 0}, [["a", 1]])  # worker 2 is handed them now
+    sender.send_frame(me, 2, frames.DATA, {"e": 0}, RECORDS)  # worker 2 is handed them now
     header = {"edge": 0, "epoch": 1}
     for dest in (1, 2):
-        sender.send_frame(me, dest, frames.MARKER, header, None)
+        sender.send_frame(me, dest, frames.MARKER, header, msgpack.packb(None))
 
     def last_header(dest: int) -> dict:
         (f,) = frames.FrameReader().feed(sender.outlog[dest][-1][1])
