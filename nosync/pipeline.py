@@ -142,6 +142,12 @@ class Pipeline:
         return f"Pipeline({self.name!r}, {len(self.nodes)} operators)"
 
 
+def _sink_directory(sink: Any) -> str | None:
+    """Where a sink writes, as an absolute path; None for a sink that writes no files."""
+    directory = getattr(sink, "directory", None)
+    return os.path.abspath(directory) if isinstance(directory, str) else None
+
+
 def _check_fn(fn: object, what: str, op: str, where: str) -> None:
     if not callable(fn):
         raise PipelineError(f"{what} must be callable, got {type(fn).__name__}: {fn!r:.60}", op, where)
@@ -271,6 +277,15 @@ class Stream:
 
         if not isinstance(sink, Sink):
             raise PipelineError(f"sink() takes a nosync.sinks object, got {type(sink).__name__}", name, where)
+        directory = _sink_directory(sink)
+        for other in self.pipeline.sinks:
+            if directory is not None and directory == _sink_directory(other.params["sink"]):
+                raise PipelineError(
+                    f"{directory} is already the directory of sink '{other.name}' (declared at {other.where}): "
+                    "two sinks in one directory would overwrite each other's files",
+                    name or "sink",
+                    where,
+                )
         self._derive("sink", name, where, sink=sink)
 
     def _keyed_only(self, kind: str, name: str | None, where: str) -> None:

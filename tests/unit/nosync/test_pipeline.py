@@ -480,3 +480,16 @@ def test_loader_exception_in_the_file(tmp_path):
         load_pipeline(path)
     assert path in str(ei.value)
     assert "RuntimeError: boom" in str(ei.value)
+
+
+def test_two_sinks_in_one_directory_are_refused(tmp_path):
+    p = ns.Pipeline("p")
+    s = numbers(p)
+    s.sink(ns.sinks.Files(str(tmp_path / "out")), name="first")
+    s.sink(ns.sinks.Files(str(tmp_path / "out" / "nested")), name="nested")  # a directory of its own
+    s.sink(ns.sinks.Console(), name="console")
+    with pytest.raises(PipelineError) as ei:
+        line = next_line()
+        s.map(abs).sink(ns.sinks.LevelDB(str(tmp_path / "out") + "/"), name="second")
+    assert_names(ei.value, "second", line)
+    assert f"{tmp_path / 'out'} is already the directory of sink 'first'" in str(ei.value)
