@@ -61,8 +61,9 @@ def chaos_cmd(
 
     Exit code 0 only when the committed output is exactly the reference's; 1 when records were
     lost or duplicated, or a run failed (the one with kills: not exactly-once); 2 for a usage
-    error; 3 when the pipeline is not deterministic (nothing judged)."""
-    from experiments.chaos import chaos
+    error; 3 when the pipeline is not deterministic (nothing judged); 4 when nothing recovered
+    in the run with kills (no kill before it ended: nothing judged, give it more input)."""
+    from experiments.chaos import chaos, exit_code
     from nosync.errors import NosyncError, RunFailed
 
     args = parse_params(params)
@@ -105,6 +106,13 @@ def chaos_cmd(
                 "function over one key's records from two sources or two workers, in arrival order) differs then"
             )
             click.echo(json.dumps(r["reference_diff"], indent=1))
+        elif r.get("no_recovery"):
+            click.echo(
+                f"not judged: nothing recovered in the run with kills ({r['kills']} of {r['kills_requested']} "
+                "kills made, before the run ended or after the killed worker's work was done), so equal outputs "
+                "say nothing. Give the pipeline more input, or shorter epochs or checkpoints (--epoch-records, "
+                f"--checkpoint-ms): kills fall between progress events. Runs in {out}"
+            )
         else:
             rows = [
                 ("exactly_once", r["exactly_once"]),
@@ -118,4 +126,4 @@ def chaos_cmd(
             ]
             w = max(len(a) for a, _ in rows)
             click.echo("\n".join(f"{a:<{w}}  {b}" for a, b in rows))
-    sys.exit(3 if not r["deterministic"] else 0 if r["exactly_once"] else 1)
+    sys.exit(exit_code(r))

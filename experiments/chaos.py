@@ -26,7 +26,10 @@ records (or keys) of the reference missing from the chaos run, or with another v
 `duplicated` counts records (or keys) of the chaos run beyond the reference. If the two
 reference runs differ, the pipeline is reported as not deterministic and nothing is judged.
 A run with kills that fails (or does not end within the timeout) is not exactly-once: the
-result has `run_failed`, the run's error, and nothing is compared.
+result has `run_failed`, the run's error, and nothing is compared. A run with kills in which
+nothing recovered (it ended before its first kill, or the kills hit workers whose work was
+done) is not judged (`no_recovery`): its output equals the reference's, or not, without
+anything having recovered.
 
 Kills: the victim and the moment are drawn from `random.Random(seed)`, measured in the run's
 own progress so that they fall inside it however fast it goes: each kill waits until the run
@@ -465,4 +468,19 @@ def chaos(
         records_reprocessed=[r.get("records_reprocessed") for r in summary.get("recoveries") or []],
         sinks=per_sink,
     )
+    if not result["recoveries"]:
+        # no kill was made, or none hit a worker before its work was done: nothing recovered,
+        # and equal outputs say nothing about a recovery
+        result.update(judged=False, exactly_once=None, no_recovery=True)
     return result
+
+
+def exit_code(result: dict) -> int:
+    """`nosync chaos`'s exit code for a result of `chaos`: 0 exactly-once; 1 records lost or
+    duplicated, or the run with kills failed; 3 not deterministic; 4 nothing recovered in the
+    run with kills (no kill before it ended, or only of workers already done: nothing judged)."""
+    if not result["deterministic"]:
+        return 3
+    if result.get("no_recovery"):
+        return 4
+    return 0 if result["exactly_once"] else 1

@@ -10,7 +10,17 @@ import sys
 
 import pytest
 
-from experiments.chaos import DEAD_LETTERS, _finish, _start, advanced, canonical, compare, dead_letters, kill_plan
+from experiments.chaos import (
+    DEAD_LETTERS,
+    _finish,
+    _start,
+    advanced,
+    canonical,
+    compare,
+    dead_letters,
+    exit_code,
+    kill_plan,
+)
 from nosync.errors import NosyncError, RunFailed
 
 
@@ -70,6 +80,16 @@ def test_dead_letters_are_judged_as_a_multiset_and_left_out_when_no_run_has_any(
     ref = {"out": multiset(1), DEAD_LETTERS: multiset()}
     assert compare(ref, got)[DEAD_LETTERS]["duplicated"] == 2
     assert set(compare(ref, {"out": multiset(1), DEAD_LETTERS: multiset()})) == {"out"}
+
+
+def test_exit_codes_of_the_verdicts():
+    judged = {"deterministic": True, "judged": True}
+    assert exit_code({**judged, "exactly_once": True}) == 0
+    assert exit_code({**judged, "exactly_once": False}) == 1
+    assert exit_code({"deterministic": True, "judged": False, "exactly_once": False, "run_failed": "x"}) == 1
+    assert exit_code({"deterministic": False, "judged": False, "exactly_once": None}) == 3
+    # equal outputs, but nothing recovered: not a pass
+    assert exit_code({"deterministic": True, "judged": False, "exactly_once": None, "no_recovery": True}) == 4
 
 
 def write_events(path, events) -> None:
