@@ -112,3 +112,23 @@ def test_tcp_source_and_iterate(spark, tmp_path):
         server.close()
     got = sorted(tuple(r) for r in ns.sinks.Files(str(tmp_path / "out")).read_committed())
     assert got == sorted((n, collatz_steps(n)) for n in numbers)
+
+
+def test_records_too_large_for_one_frame_cross_an_exchange(spark, tmp_path):
+    """A buffer of 1024 records of 150,000 characters (150 MB) does not fit in one frame (64
+    MiB at most): it goes in several, and every record arrives once."""
+    records, size = 3000, 150_000
+    ns.run(
+        os.path.join(PIPELINES, "big_records.py"),
+        workers=2,
+        spark=spark,
+        run_dir=str(tmp_path / "run"),
+        params={"records": str(records), "size": str(size), "output": str(tmp_path / "out")},
+    )
+    got = ns.sinks.Files(str(tmp_path / "out" / "chars")).read_committed()
+    assert len(got) == records
+    # the running count of each key ends at its 60 records' characters
+    final: dict = {}
+    for k, n in got:
+        final[k] = max(final.get(k, 0), n)
+    assert final == {str(k): 60 * size for k in range(50)}
