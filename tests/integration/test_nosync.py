@@ -154,7 +154,20 @@ def test_a_loss_after_the_last_safe_point_still_ends_the_run(tmp_path):
     restored at the end of its input, must still learn it, commit, and let the run finish."""
     records, keys = 300_000, 5000
     run_dir, out, gate = tmp_path / "run", tmp_path / "out", tmp_path / "gate"
-    proc = start(os.path.join(PIPELINES, "gated_count.py"), run_dir, records=records, keys=keys, output=out, gate=gate)
+    # no snapshot before the input ends (the one it ends with is taken at once): the sink's last
+    # pre-commit then comes after its input ended, which is the one the gate holds. With
+    # snapshots every 200 ms, one could fall between worker 1's last record and the end of its
+    # input; with nothing left to pre-commit after it, nothing was held and the run finished.
+    proc = start(
+        os.path.join(PIPELINES, "gated_count.py"),
+        run_dir,
+        "--persist-ms",
+        "600000",
+        records=records,
+        keys=keys,
+        output=out,
+        gate=gate,
+    )
     events = Events(str(run_dir / "events.jsonl"))
     try:
         safe_points(events, proc, 1 << 62)  # the end of every input
@@ -247,9 +260,9 @@ def test_chaos_reports_an_output_that_depends_on_how_two_sources_interleave(tmp_
 
 
 def test_chaos_says_not_exactly_once_when_the_run_with_kills_fails(tmp_path):
-    """The process that replaces a killed worker raises (fails_after_a_restart): the run with
-    kills fails, and chaos reports it as not exactly-once (exit 1), with the kill made and
-    the run's error, rather than as a usage error."""
+    """The task that replaces a killed worker raises as it starts (fails_after_a_restart): the
+    run with kills fails, and chaos reports it as not exactly-once (exit 1), with the kill made
+    and the run's error, rather than as a usage error."""
     out = tmp_path / "chaos"
     proc = subprocess.run(
         [
@@ -281,8 +294,9 @@ def test_chaos_says_not_exactly_once_when_the_run_with_kills_fails(tmp_path):
     r = json.loads(proc.stdout)
     assert r["deterministic"] is True and r["exactly_once"] is False and r["judged"] is False, r
     assert r["kills"] == 1, r
-    # the run's own error line, naming the operator, not the end of a stack trace
-    assert "operator 'map_1'" in r["run_failed"] and "took the place of a killed worker" in r["run_failed"], r
+    # the run's own error line, naming the pipeline file, not the end of a stack trace
+    assert "fails_after_a_restart.py: build(args) raised RuntimeError" in r["run_failed"], r
+    assert "took the place of a killed worker" in r["run_failed"], r
     assert "java" not in r["run_failed"], r["run_failed"]
     # the failure-free runs had one process per worker; the run with kills, a third
     assert len(os.listdir(out / "reference" / "starts")) == 2
