@@ -56,6 +56,7 @@ import time
 from typing import Any
 
 from nosync.errors import NosyncError, RunFailed
+from nosync.worker import dead_letter_record
 
 PAUSE_S = (0.3, 1.5)
 """How long a pause of the second failure-free run stops a worker, drawn uniformly: about as
@@ -122,11 +123,11 @@ def dead_letters(run_dir: str) -> collections.Counter:
     for path in sorted(glob.glob(os.path.join(run_dir, "dead-letter-w*.jsonl"))):
         with open(path, encoding="utf-8") as f:
             for line in f:
-                try:
-                    d = json.loads(line)
-                    found[canonical([d["source"], d["file"], d["position"]])] += 1
-                except (ValueError, KeyError, TypeError):
+                d = dead_letter_record(line)
+                if d is None:
                     found[canonical(["a torn line", os.path.basename(path), line])] += 1
+                else:
+                    found[canonical([d["source"], d["file"], d["position"]])] += 1
     return found
 
 

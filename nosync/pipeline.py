@@ -278,8 +278,8 @@ class Stream:
         if not isinstance(sink, Sink):
             raise PipelineError(f"sink() takes a nosync.sinks object, got {type(sink).__name__}", name, where)
         directory = _sink_directory(sink)
-        for other in self.pipeline.sinks:
-            if directory is not None and directory == _sink_directory(other.params["sink"]):
+        for other in self.pipeline.sinks if directory is not None else ():
+            if directory == _sink_directory(other.params["sink"]):
                 raise PipelineError(
                     f"{directory} is already the directory of sink '{other.name}' (declared at {other.where}): "
                     "two sinks in one directory would overwrite each other's files",

@@ -990,7 +990,6 @@ def open_dead_letters(path: str) -> tuple[Any, set]:
     the file is not written twice. A last line that a crash left without its newline is ended
     if it holds a whole record, and cut off otherwise (its record is in the input the worker
     reads again), so that the next record starts a line of its own."""
-
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     seen: set = set()
     with open(path, "a+b") as f:
@@ -998,19 +997,20 @@ def open_dead_letters(path: str) -> tuple[Any, set]:
         lines = f.read().split(b"\n")
         tail = lines.pop()  # b"" when the file ends with a newline
         if tail:
-            if _dead_letter_record(tail) is None:
+            if dead_letter_record(tail) is None:
                 f.truncate(f.tell() - len(tail))
             else:
                 f.write(b"\n")
                 lines.append(tail)
     for line in lines:
-        d = _dead_letter_record(line)
+        d = dead_letter_record(line)
         if d is not None:
             seen.add(_dead_letter_key(d["source"], d["file"], d["position"]))
     return open(path, "a", encoding="utf-8"), seen  # noqa: SIM115 - the caller closes it
 
 
-def _dead_letter_record(line: bytes) -> dict | None:
+def dead_letter_record(line: bytes | str) -> dict | None:
+    """The record a line of a dead-letter file holds; None for a line that holds no whole one."""
     import json
 
     try:
