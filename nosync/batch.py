@@ -51,7 +51,7 @@ from typing import Any
 
 import msgpack
 
-from nosync import checkpoints, sinks
+from nosync import checkpoints, frames, sinks, statecodec
 from nosync.errors import NosyncError, PipelineError, RunFailed
 from nosync.modes import WorkerHooks, read_store
 from nosync.operators import EOS, KeyedOp, SinkOp
@@ -96,6 +96,16 @@ def _unpack(data: bytes) -> Any:
     # arrays come back as tuples, as from a frame (`frames.decode`): an operator gets the same
     # records in a batch job as in a streaming worker, and a tuple key stays hashable
     return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+def _pack_forward(records: list, sender: str) -> bytes:
+    try:
+        return statecodec.pack(records)
+    except TypeError as e:
+        raise RunFailed(
+            f"{sender} emitted a record that cannot be handed to the next stage of a batch job ({e}); "
+            f"records that leave a stage must be {frames.RECORD_TYPES}"
+        ) from None
 
 
 class _Clock:
@@ -168,10 +178,11 @@ class _LoggedSource:
 class _Capture:
     """The sending end of an edge that leaves the stage: rows for the stages after it."""
 
-    def __init__(self, host: _Host, edge: Any) -> None:
+    def __init__(self, host: _Host, edge: Any, src: Any) -> None:
         self.host = host
         self.edge = edge
         self.cache: dict = {}
+        self.sender = f"operator '{src.name}' (declared at {src.node.where})"
 
     def _row(self, dest: int, kind: int, epoch: int, data: bytes) -> None:
         h = self.host
@@ -181,20 +192,24 @@ class _Capture:
     def push(self, records: list, epoch: int, _chan: Any) -> None:
         h = self.host
         if not self.edge.exchange:
-            self._row(h.index, DATA, epoch, _pack(records))
+            # a forward edge hands records over as they are in a streaming worker: lists stay lists
+            self._row(h.index, DATA, epoch, _pack_forward(records, self.sender))
             return
         n = h.workers
         cache = self.cache
         buckets: list[list] = [[] for _ in range(n)]
         for rec in records:
             k = rec[0]
-            d = cache.get(k)
+            try:
+                d = cache.get(k)
+            except TypeError:  # a key holding a list: it goes where its tuple form goes
+                d = partition_of(k, n)
             if d is None:
                 d = cache[k] = partition_of(k, n)
             buckets[d].append(rec)
         for d, b in enumerate(buckets):
             if b:
-                self._row(d, DATA, epoch, _pack(b))
+                self._row(d, DATA, epoch, frames.pack_records(b, self.sender))
 
     def marker(self, _chan: Any, epoch: int, wm: Any, eos: bool) -> None:
         h = self.host
@@ -289,7 +304,7 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
         if src is not None and dst is not None and not e.exchange:
             src.connect(dst.push, dst.marker, ("f", e.id), dst.event)
         elif src is not None:
-            cap = _Capture(host, e)
+            cap = _Capture(host, e, src)
             src.connect(cap.push, cap.marker, None, cap.event)
         if dst is not None:
             for op in inputs_of[e.dst]:
@@ -576,7 +591,7 @@ def _stage_task(spec: dict, s: int) -> Any:
                 chan = ("x", edge, src) if e.exchange else ("f", edge)
                 op = by_id[e.dst]
                 if kind == DATA:
-                    op.push(_unpack(data), epoch, chan)
+                    op.push(_unpack(data) if e.exchange else statecodec.unpack(data), epoch, chan)
                 else:
                     wm, eos = _unpack(data)
                     op.marker(chan, epoch, wm, eos)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from nosync.errors import FrameError
+from nosync.errors import FrameError, RunFailed
 
 VERSION = 1
 MAX_FRAME = 64 << 20
@@ -68,6 +68,36 @@ def encode_packed(kind: int, header: dict, body: bytes) -> bytes:
     if n > MAX_FRAME:
         raise FrameError(f"frame of {n} bytes exceeds the {MAX_FRAME}-byte limit")
     return PREFIX.pack(n, VERSION, kind, len(h)) + h + body
+
+
+RECORD_TYPES = "None, bool, int (-2**63 .. 2**64-1), float, str, bytes, and lists, tuples and dicts of them"
+
+
+def pack_records(records: list, sender: str) -> bytes:
+    """The body of a DATA frame. A record msgpack cannot encode (a set, a datetime, an int past
+    64 bits) fails the run naming `sender`, the operator the records come from, and the record."""
+    try:
+        return msgpack.packb(records, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        error, bad = e, records
+    for rec in records:
+        try:
+            msgpack.packb(rec, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as e:
+            error, bad = e, rec
+            break
+    raise RunFailed(
+        f"{sender} emitted a record that cannot cross an exchange ({type(error).__name__}: {error}): "
+        f"{bad!r:.200}; records on their way to a keyed operator must be {RECORD_TYPES}"
+    )
+
+
+def wire_records(records: list, sender: str) -> tuple:
+    """`records` as a keyed operator receives them from another worker: every list a tuple,
+    bytearray bytes, a subclass of int, float or str its base type. The share of an exchange
+    that stays on its worker goes through this too, so an operator sees the same records
+    whichever worker sent them and however many workers run."""
+    return msgpack.unpackb(pack_records(records, sender), use_list=False, raw=False, strict_map_key=False)
 
 
 def _unpack(data: bytes | memoryview, what: str) -> Any:

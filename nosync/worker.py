@@ -152,12 +152,15 @@ class Rejoin(Exception):
 
 
 class Router:
-    """The sending end of one exchange edge on one worker."""
+    """The sending end of one exchange edge on one worker: each record goes to its key's worker,
+    in frames; the share that stays here is passed on decoded from the same encoding
+    (`frames.wire_records`), so that the operator gets the same records either way."""
 
-    def __init__(self, worker: Worker, edge: int, dst: Op) -> None:
+    def __init__(self, worker: Worker, edge: int, src: Op, dst: Op) -> None:
         self.w = worker
         self.edge = edge
         self.dst = dst
+        self.sender = f"operator '{src.name}' (declared at {src.node.where})"
         self.n = worker.workers
         self.me = worker.index
         self.local_chan = ("x", edge, self.me)
@@ -169,7 +172,7 @@ class Router:
     def push(self, records: list, epoch: int, _chan: Any) -> None:
         n = self.n
         if n == 1:
-            self.dst.push(records, epoch, self.local_chan)
+            self.dst.push(frames.wire_records(records, self.sender), epoch, self.local_chan)
             return
         cache = self.cache
         if len(cache) > 1_000_000:
@@ -178,7 +181,10 @@ class Router:
         buckets: list[list] = [[] for _ in range(n)]
         for rec in records:
             k = rec[0]
-            d = get(k)
+            try:
+                d = get(k)
+            except TypeError:  # a key holding a list: it goes where its tuple form goes
+                d = partition_of(k, n)
             if d is None:
                 d = cache[k] = partition_of(k, n)
             buckets[d].append(rec)
@@ -189,7 +195,7 @@ class Router:
             if not b:
                 continue
             if d == me:
-                self.dst.push(b, epoch, self.local_chan)
+                self.dst.push(frames.wire_records(b, self.sender), epoch, self.local_chan)
                 continue
             if self.buffer_epoch[d] != epoch and bufs[d]:
                 self._send(d)
@@ -205,7 +211,7 @@ class Router:
         if not recs:
             return
         self.buffers[d] = []
-        self._send_records(d, recs, msgpack.packb(recs, use_bin_type=True))
+        self._send_records(d, recs, frames.pack_records(recs, self.sender))
 
     def _send_records(self, d: int, recs: list, data: bytes) -> None:
         """One frame of `recs` (packed: `data`), or, when they do not fit in one, the frames of
@@ -218,7 +224,7 @@ class Router:
                 )
             half = len(recs) // 2
             for part in (recs[:half], recs[half:]):
-                self._send_records(d, part, msgpack.packb(part, use_bin_type=True))
+                self._send_records(d, part, frames.pack_records(part, self.sender))
             return
         w = self.w
         w.hooks.send_frame(
@@ -593,7 +599,7 @@ class Worker:
         for e in graph_edges(p):
             src, dst = self.by_id[e.src], self.by_id[e.dst]
             if e.exchange:
-                r = Router(self, e.id, dst)
+                r = Router(self, e.id, src, dst)
                 self.routers.append(r)
                 src.connect(r.push, r.marker, None, r.event)
             else:

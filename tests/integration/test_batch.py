@@ -5,6 +5,9 @@ operators' own code.
   compared as the chaos judge compares them);
 - keyed_count's batch output is also checked against the input's definition (record i is the
   key str(i % keys)), and so is the output and state of a pipeline with a loop and tuple keys;
+- records holding lists reach an operator alike at W = 1 and 2, whether they crossed to another
+  worker or stayed, and in a batch job (lists as tuples after an exchange, kept across a
+  forward edge); a record no exchange can encode fails the run naming its key_by;
 - a pipeline with a loop (iterate) and a TCP source is refused by batch (the source cannot
   restart), and the CLI names it;
 - `state`: the keyed state of keyed_count at the end of an epoch, recomputed by batch jobs,
@@ -89,6 +92,73 @@ def test_batch_with_a_loop_and_tuple_keys_against_its_definition(spark, tmp_path
     assert got == collections.Counter((k, n) for k, total in per_key.items() for n in range(1, total + 1))
     state = keyed_state(path, params, "aggregate_1", workers=2, spark=spark, run_dir=str(tmp_path / "q"))
     assert dict(state) == dict(per_key)
+
+
+def record_types_expected(records: int) -> collections.Counter:
+    """What record_types commits, from its definition: each key's last count row (its record
+    count and how many of its records carry ("x", 0)), and the side rows."""
+    want: collections.Counter = collections.Counter()
+    for m in range(4):
+        mine = [i for i in range(records) if i % 4 == m]
+        want[json.dumps(["count", "list", [m, "k"], [len(mine), sum(1 for i in mine if i % 3 == 0)]])] += 1
+    for i in range(0, records, 20):
+        want[json.dumps(["side", "list", ["x", i % 3]])] += 1
+    return want
+
+
+def record_types_committed(out: str) -> collections.Counter:
+    last: dict = {}
+    got: collections.Counter = collections.Counter()
+    for row in ns.sinks.Files(out).read_committed():
+        if row[0] == "count":
+            key = tuple(row[2])
+            if key not in last or row[3][0] > last[key][3][0]:
+                last[key] = row
+        else:
+            got[json.dumps(row)] += 1
+    for row in last.values():
+        got[json.dumps(row)] += 1
+    return got
+
+
+def test_records_with_lists_reach_operators_alike_at_any_w_and_in_batch(spark, tmp_path):
+    """Before, a record that stayed on its worker kept its lists and one that crossed got
+    tuples: the count of values equal to ("x", 0) depended on W and on which worker held a key
+    (0 at W = 1), mode replay's recomputation disagreed with the run it recovered, and the
+    batch job turned the side rows' lists into tuples on a forward edge."""
+    records = 20_000
+    path = os.path.join(PIPELINES, "record_types.py")
+    want = record_types_expected(records)
+    for w in (1, 2):
+        out = str(tmp_path / f"w{w}")
+        ns.run(
+            path,
+            workers=w,
+            spark=spark,
+            run_dir=str(tmp_path / f"run{w}"),
+            params={"records": str(records), "output": out},
+        )
+        assert record_types_committed(out) == want, f"W = {w}"
+    out = str(tmp_path / "batch")
+    run_batch(path, {"records": str(records), "output": out}, workers=2, spark=spark, run_dir=str(tmp_path / "b"))
+    assert record_types_committed(out) == want, "batch"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_record_no_exchange_can_encode_fails_naming_its_key_by(spark, tmp_path, workers):
+    path = os.path.join(PIPELINES, "record_types.py")
+    with pytest.raises(ns.RunFailed) as e:
+        ns.run(
+            path,
+            workers=workers,
+            spark=spark,
+            run_dir=str(tmp_path / "run"),
+            params={"bad": "1", "output": str(tmp_path / "out")},
+        )
+    msg = str(e.value)
+    assert "operator 'by_list' (declared at " in msg and "record_types.py:" in msg, msg
+    assert "emitted a record that cannot cross an exchange (TypeError: can not serialize 'set' object)" in msg, msg
+    assert "([3, 'k'], [7, {" in msg, msg
 
 
 def test_stages_are_counted_in_exchanges():
