@@ -104,6 +104,17 @@ class SinkPart:
         pass
 
 
+def _msgpack_default(obj: Any) -> Any:
+    # a set is written as the list of its items, in order when they can be ordered (so that
+    # equal sets give equal bytes), as the JSON sink writes it
+    if isinstance(obj, set | frozenset):
+        try:
+            return sorted(obj)
+        except TypeError:
+            return list(obj)
+    raise TypeError(f"cannot write a {type(obj).__name__} as msgpack")
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, bytes):
         return obj.decode("utf-8", "backslashreplace")
@@ -460,7 +471,9 @@ class LevelDB(Sink):
             db = plyvel.DB(os.path.join(self.directory, name))
             try:
                 for k, v in db:
-                    out[msgpack.unpackb(k, use_list=False)] = msgpack.unpackb(v)
+                    out[msgpack.unpackb(k, use_list=False, strict_map_key=False)] = msgpack.unpackb(
+                        v, strict_map_key=False
+                    )
             finally:
                 db.close()
         return out
@@ -484,7 +497,13 @@ class _LevelDBPart(SinkPart):
                 k, v = rec
             except (TypeError, ValueError):
                 raise PipelineError(f"the LevelDB sink takes (key, value) records, got {rec!r:.80}") from None
-            out.append((msgpack.packb(k), msgpack.packb(v)))
+            try:
+                out.append((msgpack.packb(k, default=_msgpack_default), msgpack.packb(v, default=_msgpack_default)))
+            except (TypeError, ValueError, OverflowError) as e:
+                raise PipelineError(
+                    f"the LevelDB sink cannot write the record {rec!r:.80}: {type(e).__name__}: {e}; its key and "
+                    f"value must be msgpack data (None, bool, int, float, str, bytes, lists, tuples, dicts, sets)"
+                ) from None
         return out
 
     def _put(self, pairs: list) -> None:

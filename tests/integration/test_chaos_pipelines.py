@@ -6,6 +6,8 @@
   row, state deleted by a stateful_map, a LevelDB sink and two Files sinks;
 - halving_loop: a loop, and a count keyed by a tuple (mode replay recomputes its state with
   batch jobs, where a tuple key once came back a list);
+- python_state: keyed state in a Counter, a set and a frozenset (saved and restored as
+  themselves), a LevelDB sink of Counters keyed by ints;
 - chaos_dead_letters: JSONL files with malformed lines, which go to the dead-letter files: a
   kill must not write one twice or lose one (the judge compares them as it does a sink's
   records), and they are the malformed lines the input was written with.
@@ -28,7 +30,7 @@ PIPELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelines"
 
 SOAK = [
     (p, mode, w)
-    for p in ("chaos_mixed", "chaos_chain", "halving_loop")
+    for p in ("chaos_mixed", "chaos_chain", "halving_loop", "python_state")
     for mode in ("abs", "nosync", "replay")
     for w in (2, 3)
 ]

@@ -5,6 +5,7 @@ commit and everything after."""
 from __future__ import annotations
 
 import collections
+import datetime
 import json
 import os
 
@@ -379,6 +380,27 @@ def test_leveldb_refuses_records_that_are_not_pairs(tmp_path):
     try:
         part.write(0, ["just a string of length > 2"])
         with pytest.raises(PipelineError, match=r"\(key, value\) records"):
+            part.commit(0)
+    finally:
+        part.close()
+
+
+def test_leveldb_values_with_int_map_keys_and_sets_read_back(tmp_path):
+    """A Counter of ints (a histogram) and a set, as keyed state now emits them: written, and
+    read back (maps with int keys failed to read; sets failed to write)."""
+    sink = ns.sinks.LevelDB(str(tmp_path / "kv"))
+    part = sink.open_part(0, "run")
+    part.write(0, [("hist", collections.Counter({3: 2, 7: 1})), ("seen", {"b", "a"}), (1, frozenset({2, 1}))])
+    assert part.commit(0) == 3
+    part.close()
+    assert sink.read_committed() == {"hist": {3: 2, 7: 1}, "seen": ["a", "b"], 1: [1, 2]}
+
+
+def test_leveldb_names_a_record_it_cannot_write(tmp_path):
+    part = ns.sinks.LevelDB(str(tmp_path / "kv")).open_part(0, "run")
+    try:
+        part.write(0, [("ok", 1), ("when", datetime.date(2026, 1, 1))])
+        with pytest.raises(PipelineError, match=r"cannot write the record \('when', datetime.date\(2026, 1, 1\)\)"):
             part.commit(0)
     finally:
         part.close()
