@@ -292,6 +292,19 @@ class KeyedOp(Op):
         scalar = _SCALARS
         return [(k, v if type(v) in scalar else save(k, v)) for k, v in self.state.items()]
 
+    def check_saved(self, keys: int) -> None:
+        """Saves the state of the `keys` keys this instance took on last, as a snapshot would,
+        and drops the bytes: raises RunFailed naming the operator, the key and the type when
+        one cannot be saved. For modes that save state only when recovering."""
+        state = self.state
+        scalar = _SCALARS
+        for n, k in enumerate(reversed(state)):
+            if n >= keys:
+                break
+            v = state[k]
+            if type(v) not in scalar:
+                self._save(k, v)
+
     def _save(self, k: Any, v: Any) -> bytes:
         try:
             return statecodec.pack(v)

@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks
 from nosync.operators import KeyedOp, SinkOp
 
@@ -44,6 +45,12 @@ log = logging.getLogger("nosync.replay")
 
 HOLD_EVERY_S = 5.0
 """While state is recomputed, the workers are told this often to keep waiting."""
+CHECK_STATE_EVERY_S = 1.0
+CHECK_STATE_KEYS = 16
+"""Now and then, each keyed instance saves the state of the keys it took on last and drops the
+bytes: a recovery hands recomputed state to the workers as saved bytes, so a state that cannot
+be saved (a datetime, an object) fails the run early, as at a first snapshot in the other
+modes, and not only once a worker is lost."""
 
 
 class ReplayHooks(WorkerHooks):
@@ -57,6 +64,7 @@ class ReplayHooks(WorkerHooks):
         self.reported = -1
         self.restored_epoch: int | None = None
         self.restore_s = 0.0
+        self.next_state_check = 0.0
 
     def on_start(self, worker: Any, peers: dict) -> None:
         for s in worker.sinks:
@@ -87,7 +95,25 @@ class ReplayHooks(WorkerHooks):
             worker.keepalive()
         self.restore_s = time.perf_counter() - t0
 
+    def _check_state(self, worker: Any) -> None:
+        for op in worker.ops:
+            if isinstance(op, KeyedOp):
+                try:
+                    op.check_saved(CHECK_STATE_KEYS)
+                except RunFailed as e:
+                    raise RunFailed(
+                        f"{e} (mode replay loads recomputed state from saved bytes when a worker is lost)"
+                    ) from None
+
+    def can_finish(self, worker: Any) -> bool:
+        self._check_state(worker)  # a run too short for a check in `poll` gets one
+        return True
+
     def poll(self, worker: Any) -> None:
+        now = time.monotonic()
+        if now >= self.next_state_check:
+            self.next_state_check = now + CHECK_STATE_EVERY_S
+            self._check_state(worker)
         committed = min((s.committed_epoch for s in worker.sinks), default=None)
         if committed is None:
             return

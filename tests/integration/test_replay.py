@@ -56,6 +56,26 @@ def test_chaos_replay_soak(tmp_path, workload, workers, kills, seed):
     judge(tmp_path, workload, workers, kills, seed)
 
 
+def test_a_state_that_cannot_be_saved_fails_a_replay_run_as_it_runs(spark, tmp_path):
+    """Mode replay saves no state until a worker is lost; a state it could not save then (a
+    datetime.date) failed only at that recovery. It fails the run now, naming the operator,
+    the key and the type, however short the run."""
+    path = os.path.join(ROOT, "tests", "integration", "pipelines", "dated_state.py")
+    with pytest.raises(ns.RunFailed) as e:
+        ns.run(
+            path,
+            mode="replay",
+            workers=1,  # 2 slots of the session's 3: 1 streaming, 1 for batch jobs
+            spark=spark,
+            run_dir=str(tmp_path / "run"),
+            params={"output": str(tmp_path / "out")},
+        )
+    msg = str(e.value)
+    assert "operator 'last_day' (declared at " in msg and "dated_state.py:" in msg, msg
+    assert "cannot save state of type date: datetime.date(2026, 1, " in msg, msg
+    assert "mode replay loads recomputed state from saved bytes" in msg, msg
+
+
 def test_replay_refuses_epochs_cut_by_time(tmp_path):
     proc = subprocess.run(
         [
