@@ -104,7 +104,7 @@ def _pack_forward(records: list, sender: str) -> bytes:
     except TypeError as e:
         raise RunFailed(
             f"{sender} emitted a record that cannot be handed to the next stage of a batch job ({e}); "
-            f"records that leave a stage must be {frames.RECORD_TYPES}"
+            f"records that leave a stage must be {frames.RECORD_TYPES}, or sets, Counters and OrderedDicts"
         ) from None
 
 
