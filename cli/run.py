@@ -77,14 +77,21 @@ from cli.common import master_option, parse_params
     type=click.IntRange(min=1),
     default=200,
     show_default=True,
-    help="nosync: how often each worker snapshots its log (alone, no barrier).",
+    help="nosync: how often each worker snapshots its log at most (alone, no barrier).",
 )
 @click.option(
     "--max-unpersisted-mb",
     type=click.IntRange(min=1),
     default=256,
     show_default=True,
-    help="nosync: snapshot bytes not yet durable above which sources wait (backpressure).",
+    help="nosync: bytes not yet durable (snapshots under way, frames since the last) above which sources wait.",
+)
+@click.option(
+    "--max-concurrent-snapshots",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="nosync: snapshots being persisted at once (not yet durable or indexed); the next waits for one to be done.",
 )
 @click.option(
     "--max-output-log-mb",
@@ -118,6 +125,7 @@ def run_cmd(
     persist_ms,
     max_unpersisted_mb,
     max_output_log_mb,
+    max_concurrent_snapshots,
     resume,
     params,
 ) -> None:
@@ -169,6 +177,7 @@ def run_cmd(
             persist_ms=persist_ms,
             max_unpersisted_mb=max_unpersisted_mb,
             max_output_log_mb=max_output_log_mb,
+            max_concurrent_snapshots=max_concurrent_snapshots,
         )
     except PipelineError as e:
         if tty:

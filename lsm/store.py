@@ -420,6 +420,12 @@ class Store:
         raise LsmError(f"unknown durability level {level!r}; levels are {', '.join(LEVELS)}")
 
     @property
+    def indexed(self) -> int:
+        """The highest seq indexed on the disk tier: in LevelDB, no longer held in memory (the
+        persister's last step for a batch, after `durable("disk")`)."""
+        return self._disk.applied
+
+    @property
     def error(self) -> PersistError | None:
         """The persister's last failure, until it succeeds again."""
         return self._error

@@ -65,6 +65,7 @@ def run(
     persist_ms: int = 200,
     max_unpersisted_mb: int = 256,
     max_output_log_mb: int = 64,
+    max_concurrent_snapshots: int = 1,
     slow_worker: tuple[int, int] | None = None,
 ) -> RunResult:
     if workers < 1:
@@ -104,6 +105,7 @@ def run(
             "persist_tier": checkpoint_tier,
             "max_unpersisted_mb": max_unpersisted_mb,
             "max_output_log_mb": max_output_log_mb,
+            "max_concurrent_snapshots": max_concurrent_snapshots,
         },
     )
     if driver_mode.requires_replayable_sources:

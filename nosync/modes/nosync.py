@@ -17,19 +17,23 @@ stays in the sender's output log until the receiver's durable point covers it; p
 `max_output_log_mb` in memory, frames already durable in a snapshot are dropped from memory
 (spilled) and read back from the store if a peer asks for them again.
 
-Every `persist_ms` the worker takes a local snapshot between two steps, alone: exchange buffers
-are flushed (a logged step), sinks pre-commit what they staged, and one `append` to the
-worker's `lsm` store at seq = step carries the keyed updates of every instance since the last
-one (deletions as tombstones), the output-log frames added and trimmed since, and a small meta
-record (frontiers, source positions, sink pre-commits, chan_seq counters, the lineage held for
-others). The store's persister makes it durable in the background; the processing thread
-never waits, except when more than `max_unpersisted_mb` is not durable yet (backpressure, the
-stall time reported). A durable snapshot is reported to the coordinator as the worker's
-durable point (step, frontier, consumed and produced chan_seq per link); the coordinator
-broadcasts the points, which trim output logs and lineage everywhere, and the safe point
-(the least durable frontier): a sink commits a pre-commit once the safe point passes every
-epoch in it. Compaction keeps every version of the last RETENTION snapshots, so a rewind can
-start from a consistent cut of them (`rewind.find_snapshot_cut`).
+Every `persist_ms`, or later, the worker takes a local snapshot between two steps, alone:
+exchange buffers are flushed (a logged step), sinks pre-commit what they staged, and one
+`append` to the worker's `lsm` store at seq = step carries the keyed updates of every instance
+since the last one (deletions as tombstones), the output-log frames added and trimmed since,
+and a small meta record (frontiers, source positions, sink pre-commits, chan_seq counters, the
+lineage held for others). The store's persister makes it durable and indexes it in the
+background; the processing thread never waits, except when more than `max_unpersisted_mb` is
+not durable yet (snapshots under way, and frames sent since the last one: backpressure, the
+stall time reported). While `max_concurrent_snapshots` (1) of its snapshots are still being
+persisted, a worker takes no other: the keys changed meanwhile coalesce into the next one, and
+the interval grows to what persisting takes on the worker's core. A durable snapshot is
+reported to the coordinator as the worker's durable point (step, frontier, consumed and
+produced chan_seq per link); the coordinator broadcasts the points, which trim output logs and
+lineage everywhere, and the safe point (the least durable frontier): a sink commits a
+pre-commit once the safe point passes every epoch in it. Compaction keeps every version of the
+last RETENTION snapshots, so a rewind can start from a consistent cut of them
+(`rewind.find_snapshot_cut`).
 
 Recovery of one worker. The survivors go on; what they send the dead worker stays in their
 output logs. Spark's retry of the task re-registers; the coordinator gives it the peers and
@@ -205,6 +209,7 @@ class NosyncHooks(WorkerHooks):
         self.tier = o.get("persist_tier", "disk")
         self.persist_s = o.get("persist_ms", 200) / 1000
         self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
+        self.max_pending = int(o.get("max_concurrent_snapshots") or 1)
         self.max_out_mem = int(o.get("max_output_log_mb", 64) * (1 << 20))
         self.spilled_frames = 0
         self.store: Any = None
@@ -236,6 +241,8 @@ class NosyncHooks(WorkerHooks):
         self.spillable: deque = deque()
         """(snapshot step, item) of the frames each snapshot wrote, in order."""
         self.new_out: list = []
+        self.new_out_bytes = 0
+        """Bytes of the frames in `new_out`: in memory, in no snapshot yet."""
         self.trimmed: list = []
         self.up: dict[int, bool] = {}
         self.resumed: dict[int, bool] = {}
@@ -298,6 +305,7 @@ class NosyncHooks(WorkerHooks):
         self.outlog.setdefault(dest, deque()).append(item)
         self.out_mem += len(frame)
         self.new_out.append((dest, item))
+        self.new_out_bytes += len(frame)
         if self.up.get(dest):
             worker.out[dest].send(frame)
 
@@ -479,8 +487,24 @@ class NosyncHooks(WorkerHooks):
 
     # -- snapshots ------------------------------------------------------------------------
 
+    def _not_durable(self) -> int:
+        """Bytes not durable yet: of the snapshots under way, and of the frames sent since the
+        last snapshot (which the next one will carry)."""
+        return self.unpersisted + self.new_out_bytes
+
+    def _under_way(self) -> int:
+        """This process's snapshots the persister is not done with: not durable on the tier, or
+        not indexed (still in memory)."""
+        done = min(self.store.durable(self.tier), self.store.indexed)
+        n = 0
+        for k in reversed(self.kept):
+            if k <= done:
+                break
+            n += 1
+        return n
+
     def may_read(self, worker: Any) -> bool:
-        if self.unpersisted <= self.max_unpersisted:
+        if self._not_durable() <= self.max_unpersisted:
             if self._stall_from is not None:
                 self.stall_s += time.perf_counter() - self._stall_from
                 self._stall_from = None
@@ -514,6 +538,7 @@ class NosyncHooks(WorkerHooks):
         self.spillable.extend((k, item) for _, item in self.new_out)
         updates.extend(((OUT, d, seq), TOMBSTONE) for d, seq in self.trimmed)
         self.new_out, self.trimmed = [], []
+        self.new_out_bytes = 0
         meta = {
             "step": k,
             "ops": {op.name: op.snapshot_meta() for op in worker.ops},
@@ -550,7 +575,19 @@ class NosyncHooks(WorkerHooks):
             ended = all(s.frontier == EOS for s in worker.sinks)
         else:
             ended = all(s.finished for s in worker.sources)
-        if self.step > self.snapshot_step and (now - self.last_snapshot >= self.persist_s or ended):
+        # Invariant: at most max_pending snapshots are under way (the persister not done with
+        # them: durable on the tier and indexed). A snapshot taken while the persister still
+        # works on the one before only queues behind it: it makes no recovery shorter (a
+        # recovery restores the last durable snapshot), and each writes every key changed since
+        # the last, so a persister that falls behind would fall further behind, competing with
+        # processing for the same core. Waiting lets the dirty keys coalesce instead: the
+        # interval between snapshots grows to what persisting takes (as abs's max concurrent
+        # checkpoints do).
+        if (
+            self.step > self.snapshot_step
+            and self._under_way() < self.max_pending
+            and (now - self.last_snapshot >= self.persist_s or ended or self._not_durable() > self.max_unpersisted)
+        ):
             self._snapshot(worker)
         if self.pending:
             durable = self.store.durable(self.tier)
@@ -867,6 +904,7 @@ class NosyncMode(Mode):
             "persist_ms": o.get("persist_ms") or 200,
             "max_unpersisted_mb": o.get("max_unpersisted_mb") or 256,
             "max_output_log_mb": o.get("max_output_log_mb") or 64,
+            "max_concurrent_snapshots": o.get("max_concurrent_snapshots") or 1,
         }
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
