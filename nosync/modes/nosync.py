@@ -209,7 +209,7 @@ class NosyncHooks(WorkerHooks):
         self.tier = o.get("persist_tier", "disk")
         self.persist_s = o.get("persist_ms", 200) / 1000
         self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
-        self.max_pending = int(o.get("max_concurrent_snapshots") or 1)
+        self.max_concurrent_snapshots = int(o.get("max_concurrent_snapshots") or 1)
         self.max_out_mem = int(o.get("max_output_log_mb", 64) * (1 << 20))
         self.spilled_frames = 0
         self.store: Any = None
@@ -575,7 +575,7 @@ class NosyncHooks(WorkerHooks):
             ended = all(s.frontier == EOS for s in worker.sinks)
         else:
             ended = all(s.finished for s in worker.sources)
-        # Invariant: at most max_pending snapshots are under way (the persister not done with
+        # Invariant: at most max_concurrent_snapshots are under way (the persister not done with
         # them: durable on the tier and indexed). A snapshot taken while the persister still
         # works on the one before only queues behind it: it makes no recovery shorter (a
         # recovery restores the last durable snapshot), and each writes every key changed since
@@ -585,8 +585,8 @@ class NosyncHooks(WorkerHooks):
         # checkpoints do).
         if (
             self.step > self.snapshot_step
-            and self._under_way() < self.max_pending
             and (now - self.last_snapshot >= self.persist_s or ended or self._not_durable() > self.max_unpersisted)
+            and self._under_way() < self.max_concurrent_snapshots
         ):
             self._snapshot(worker)
         if self.pending:

@@ -135,13 +135,13 @@ def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
 # -- runs driven by hand -----------------------------------------------------------------
 
 
-def start_run(run_dir, *extra: str, records: int, keys: int, out) -> subprocess.Popen:
+def start_run(run_dir, *extra: str, records: int, keys: int, out, mode: str = "abs") -> subprocess.Popen:
     cmd = [
         *NOSYNC,
         "run",
         os.path.join(WORKLOADS, "keyed_count.py"),
         "--mode",
-        "abs",
+        mode,
         "--workers",
         "2",
         "--run-dir",

@@ -15,27 +15,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 
 import pytest
-from test_abs import NOSYNC, ROOT, WORKLOADS, committed_pairs, finish, keyed_count_expected, wait_event
+from test_abs import committed_pairs, finish, keyed_count_expected, start_run, wait_event
 
 from experiments.chaos import Events
 
 RECORDS, KEYS = 1_000_000, 100_000
 
 
-def start(mode: str, run_dir, out) -> subprocess.Popen:
-    cmd = [*NOSYNC, "run", os.path.join(WORKLOADS, "keyed_count.py"), "--mode", mode, "--workers", "2"]
-    cmd += ["--run-dir", str(run_dir), "-p", f"records={RECORDS}", "-p", f"keys={KEYS}", "-p", f"output={out}"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.mark.soak
 @pytest.mark.parametrize("mode", ["abs", "nosync", "replay"])
 def test_a_kill_before_anything_is_saved_and_one_during_its_recovery(tmp_path, mode):
     run_dir, out = tmp_path / "run", tmp_path / "out"
-    proc = start(mode, run_dir, out)
+    proc = start_run(run_dir, records=RECORDS, keys=KEYS, out=out, mode=mode)
     events = Events(str(run_dir / "events.jsonl"))
     try:
         wait_event(events, proc, lambda e: e["event"] == "running", 180, "the run to be running")
