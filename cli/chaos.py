@@ -37,6 +37,15 @@ from cli.common import master_option, parse_params
     default=None,
     help="Passed to `nosync run` (default: its own).",
 )
+@click.option(
+    "--persist-ms", type=click.IntRange(min=1), default=None, help="Passed to `nosync run` (default: its own)."
+)
+@click.option(
+    "--replay-threshold-records",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Passed to `nosync run` (mode nosync: recoveries hand long spans to a Spark batch job).",
+)
 @master_option("embedded")
 @click.option("--timeout", type=click.IntRange(min=10), default=600, show_default=True, help="Seconds per run.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
@@ -51,6 +60,8 @@ def chaos_cmd(
     epoch_records,
     checkpoint_ms,
     checkpoint_tier,
+    persist_ms,
+    replay_threshold_records,
     master,
     timeout,
     as_json,
@@ -74,6 +85,8 @@ def chaos_cmd(
         "epoch_records": epoch_records,
         "checkpoint_ms": checkpoint_ms,
         "checkpoint_tier": checkpoint_tier,
+        "persist_ms": persist_ms,
+        "replay_threshold_records": replay_threshold_records,
         "master": master,
     }
 

@@ -94,6 +94,13 @@ from cli.common import master_option, parse_params
     help="nosync: snapshots being persisted at once (not yet durable or indexed); the next waits for one to be done.",
 )
 @click.option(
+    "--replay-threshold-records",
+    type=click.IntRange(min=1),
+    default=None,
+    help="nosync: a recovery whose span to re-execute holds more records hands it to a Spark batch job, "
+    "parallel over keys (default: never).",
+)
+@click.option(
     "--max-output-log-mb",
     type=click.IntRange(min=1),
     default=64,
@@ -126,6 +133,7 @@ def run_cmd(
     max_unpersisted_mb,
     max_output_log_mb,
     max_concurrent_snapshots,
+    replay_threshold_records,
     resume,
     params,
 ) -> None:
@@ -178,6 +186,7 @@ def run_cmd(
             max_unpersisted_mb=max_unpersisted_mb,
             max_output_log_mb=max_output_log_mb,
             max_concurrent_snapshots=max_concurrent_snapshots,
+            replay_threshold_records=replay_threshold_records,
         )
     except PipelineError as e:
         if tty:

@@ -66,6 +66,7 @@ def run(
     max_unpersisted_mb: int = 256,
     max_output_log_mb: int = 64,
     max_concurrent_snapshots: int = 1,
+    replay_threshold_records: int | None = None,
     slow_worker: tuple[int, int] | None = None,
 ) -> RunResult:
     if workers < 1:
@@ -76,6 +77,14 @@ def run(
         raise NosyncError(f"--checkpoint-tier is disk or remote, not {checkpoint_tier!r}")
     if resume and not run_dir:
         raise NosyncError("--resume names the run directory to continue")
+    if replay_threshold_records is not None:
+        if mode != "nosync":
+            raise NosyncError(
+                f"--replay-threshold-records is for mode nosync (a recovery's span re-executed by a Spark "
+                f"batch job), not mode {mode}"
+            )
+        if replay_threshold_records < 1:
+            raise NosyncError(f"--replay-threshold-records must be at least 1, got {replay_threshold_records}")
     if mode == "replay" and epoch_ms is not None:
         raise NosyncError(
             "mode replay recomputes lost state epoch by epoch from the sources: cut epochs by records "
@@ -106,6 +115,8 @@ def run(
             "max_unpersisted_mb": max_unpersisted_mb,
             "max_output_log_mb": max_output_log_mb,
             "max_concurrent_snapshots": max_concurrent_snapshots,
+            "replay_threshold_records": replay_threshold_records,
+            "span_tasks": workers,
         },
     )
     if driver_mode.requires_replayable_sources:
@@ -128,13 +139,21 @@ def run(
     )
 
     t0 = time.time()
-    # mode replay runs batch jobs beside the W streaming tasks: W more slots
-    slots = 2 * workers if mode == "replay" else workers
+    # mode replay, and mode nosync with a replay threshold, run batch jobs beside the W
+    # streaming tasks: W more slots
+    batch_jobs = mode == "replay" or replay_threshold_records is not None
+    slots = 2 * workers if batch_jobs else workers
     spark = spark or get_spark(master, slots)
     check_slots(
         spark,
         slots,
-        "" if slots == workers else f"mode replay: {workers} streaming tasks and {workers} for batch recomputation",
+        ""
+        if not batch_jobs
+        else (
+            f"mode replay: {workers} streaming tasks and {workers} for batch recomputation"
+            if mode == "replay"
+            else f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
+        ),
     )
     startup_s = time.time() - t0
     secret = secrets.token_bytes(32)

@@ -390,6 +390,8 @@ class SourceOp(Op):
 
 
 class Worker:
+    router_class = Router
+
     def __init__(self, index: int, attempt: int, spec: dict) -> None:
         self.index = index
         self.attempt = attempt
@@ -590,6 +592,7 @@ class Worker:
             sel.close()
 
     def _build(self, p: PhysicalPlan) -> None:
+        self.plan = p
         self.routers = []
         self.ops, self.by_id = build_ops(
             p, None, lambda n: SourceOp(n, p.source_parts[n.id][self.index], self), self._sink_op, self.hooks
@@ -599,7 +602,7 @@ class Worker:
         for e in graph_edges(p):
             src, dst = self.by_id[e.src], self.by_id[e.dst]
             if e.exchange:
-                r = Router(self, e.id, src, dst)
+                r = self.router_class(self, e.id, src, dst)
                 self.routers.append(r)
                 src.connect(r.push, r.marker, None, r.event)
             else:

@@ -79,6 +79,9 @@ from nosync.operators import EOS, MISSING_STATE, JoinOp, KeyedOp, SinkOp, Window
 log = logging.getLogger("nosync.nosync")
 
 REPLAY_TIMEOUT_S = 120.0
+COVER_TIMEOUT_S = 30.0
+"""How long a worker whose span job is done waits for its survivors' durable points to cover
+the job's cut (they were asked for a snapshot) before it re-executes the span itself."""
 META = ("_m",)
 OUT = "_o"
 RETENTION = 64
@@ -211,6 +214,13 @@ class NosyncHooks(WorkerHooks):
         self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
         self.max_concurrent_snapshots = int(o.get("max_concurrent_snapshots") or 1)
         self.max_out_mem = int(o.get("max_output_log_mb", 64) * (1 << 20))
+        self.threshold = o.get("replay_threshold_records")
+        self.cut_steps = 0
+        self.span_reason: str | None = None
+        self.span_tasks = int(o.get("span_tasks") or 1)
+        self.span_steps = 0
+        self.span_records = 0
+        self.span_s = 0.0
         self.spilled_frames = 0
         self.store: Any = None
         self.inputs: Any = None
@@ -261,6 +271,11 @@ class NosyncHooks(WorkerHooks):
         self.queue: dict[int, deque] = {}
         self.replaying = False
         self._stall_from: float | None = None
+        self.last_cut = 0
+        self.peer_consumed: dict[int, int] = {}
+        """Per peer, the frames of the link to it that it had consumed when it (re)connected."""
+        self.peer_points: dict[int, dict] = {}
+        self.span_done: dict | None = None
 
     # -- the log of steps ---------------------------------------------------------------
 
@@ -386,6 +401,7 @@ class NosyncHooks(WorkerHooks):
                     self.stash.add(int(origin), entries)
         self.resumed[j] = True
         self.resume_from[j] = int(f.header.get("resume", 1))
+        self.peer_consumed[j] = self.resume_from[j] - 1
         self.lineage_attempt[j] = getattr(worker.inc.get(j), "attempt", None)
         self._try_resume(worker, j)
 
@@ -440,6 +456,11 @@ class NosyncHooks(WorkerHooks):
             if j != worker.index:
                 # the connections of the lost attempt go (not one a new attempt already opened)
                 worker.peer_down(j, int(message.get("attempt", 0)))
+        elif op == "span_done":
+            self.span_done = message  # `_span` checks that it is its own job's
+        elif op == "snapshot_now":
+            if int(message.get("worker", -1)) != worker.index:
+                self.last_snapshot = 0.0  # a recovering peer waits for our durable point
         elif op == "peer_back":
             j = int(message["worker"])
             if j == worker.index:
@@ -452,6 +473,7 @@ class NosyncHooks(WorkerHooks):
     def _on_points(self, worker: Any, message: dict) -> None:
         me = worker.index
         points = {int(w): p for w, p in message["points"].items()}
+        self.peer_points = points
         for w, p in points.items():
             if w != me:
                 self.stash.trim(w, int(p["step"]))
@@ -518,10 +540,18 @@ class NosyncHooks(WorkerHooks):
         # iterate operator's frontier stands for it
         return min((op.frontier for op in worker.ops if not op.node.params.get("loop_internal")), default=-1)
 
-    def _snapshot(self, worker: Any) -> None:
+    def _cut(self, worker: Any) -> None:
+        """Flushes every exchange buffer (a logged step); with a replay threshold, then logs the
+        frame counters per link (a cut a recovery can hand the steps before to a batch job)."""
         self._log(("F",))
         for r in worker.routers:
             r.flush()
+        if self.cut_steps:
+            self._log(("C", [self.produced.get(d, 0) for d in range(worker.workers)]))
+        self.last_cut = self.step
+
+    def _snapshot(self, worker: Any) -> None:
+        self._cut(worker)
         k = self.step
         for s in worker.sinks:
             if s.part.has_staged():
@@ -589,6 +619,8 @@ class NosyncHooks(WorkerHooks):
             and self._under_way() < self.max_concurrent_snapshots
         ):
             self._snapshot(worker)
+        elif self.cut_steps and self.step - self.last_cut >= self.cut_steps:
+            self._cut(worker)
         if self.pending:
             durable = self.store.durable(self.tier)
             while self.pending and self.pending[0][0] <= durable:
@@ -635,6 +667,16 @@ class NosyncHooks(WorkerHooks):
     def on_start(self, worker: Any, peers: dict) -> None:
         self.w = worker
         self._reset()
+        if self.threshold:
+            from nosync.modes.nosync_span import eligible
+
+            self.span_reason = eligible(worker.plan)
+            if self.span_reason is not None:
+                self.span_reason = f"the pipeline is not eligible: {self.span_reason}"
+            else:
+                # a cut every quarter of the threshold (64 steps at least: a cut's entry is
+                # bigger than the others, and frame headers carry a bounded number of entries)
+                self.cut_steps = max(64, int(self.threshold) // (4 * worker.batch_size))
         for op in worker.ops:
             if isinstance(op, JoinOp):
                 op.incremental = True
@@ -649,6 +691,7 @@ class NosyncHooks(WorkerHooks):
                 src.source = InputLog(src.source, i, self.inputs, self.tier)
                 self.input_logs.append(src.source)
         restore = bool(peers.get("restore")) or worker.attempt > 0
+        self.alone = bool(peers.get("alone"))
         for j in worker.out:
             self.up[j] = False
         if not restore:
@@ -675,6 +718,10 @@ class NosyncHooks(WorkerHooks):
                 "records": self.replayed_records,
                 "read_restored": self.read_restored,
                 "restore_s": self.restore_s,
+                "span_steps": self.span_steps,
+                "span_records": self.span_records,
+                "span_s": self.span_s,
+                "span_reason": self.span_reason,
             }
         )
 
@@ -708,9 +755,9 @@ class NosyncHooks(WorkerHooks):
             if isinstance(op, WindowOp):
                 op.restore_keyed(((key[1], v) for key, v in store.scan((i,))), worker.keepalive)
             elif isinstance(op, JoinOp):
-                op.lazy(lambda key, i=i, scan=store.scan: _join_sides(scan((i, key))), raw=True)
+                op.lazy(lambda key, i=i: _join_sides(self.store.scan((i, key))), raw=True)
             elif isinstance(op, KeyedOp):
-                op.lazy(lambda key, i=i, get=store.get: get((i, key), default=MISSING_STATE))
+                op.lazy(lambda key, i=i: self.store.get((i, key), default=MISSING_STATE))
             if isinstance(op, SinkOp):
                 pre = [(int(c), h) for c, h in (m["precommitted"] if m is not None else ())]
                 op.part.recover(k, [])
@@ -731,7 +778,7 @@ class NosyncHooks(WorkerHooks):
         for j, c in worker.out.items():
             sel.register(c.sock, selectors.EVENT_READ, ("out", j, c))
         sel.register(worker.ctrl_conn.sock, selectors.EVENT_READ, ("ctrl", -1, None))
-        deadline = time.monotonic() + REPLAY_TIMEOUT_S
+        deadline = [time.monotonic() + REPLAY_TIMEOUT_S]
 
         def pump(wait: float) -> None:
             for key, _ in sel.select(wait):
@@ -761,7 +808,7 @@ class NosyncHooks(WorkerHooks):
                 from nosync.worker import Rejoin
 
                 raise Rejoin(worker._rejoin)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline[0]:
                 raise RunFailed(f"worker {me}: replay not done after {REPLAY_TIMEOUT_S:.0f}s")
 
         try:
@@ -775,6 +822,10 @@ class NosyncHooks(WorkerHooks):
             except LineageError as e:
                 raise RunFailed(f"worker {me}: the lineage its peers hold cannot be replayed: {e}") from e
             entries = plan["replay"]
+            if self.threshold and self.alone:
+                taken = self._span(worker, entries, pump)
+                deadline[0] = time.monotonic() + REPLAY_TIMEOUT_S
+                entries = entries[taken:]
             for _, entry in entries:
                 kind = entry[0]
                 if kind == "i":
@@ -804,6 +855,14 @@ class NosyncHooks(WorkerHooks):
                     self._log(("F",))
                     for r in worker.routers:
                         r.flush()
+                elif kind == "C":
+                    self._log(tuple(entry))
+                    now = [self.produced.get(d, 0) for d in range(worker.workers)]
+                    if list(entry[1]) != now:
+                        raise RunFailed(
+                            f"worker {me}: replay reached a cut with frame counters {now}, the run had "
+                            f"{list(entry[1])}: an operator is not deterministic given its input order"
+                        )
                 self.replayed_steps += 1
                 if self.replayed_steps & 0xFF == 0:
                     pump(0)
@@ -811,6 +870,182 @@ class NosyncHooks(WorkerHooks):
             sel.close()
             self.replaying = False
         self.drain(worker)
+
+    def _span(self, worker: Any, entries: list, pump: Any) -> int:
+        """With a replay threshold: when the span to re-execute holds more records than it,
+        hands the steps up to its last usable cut to a Spark batch job (`nosync_span`) and
+        loads what the job computed. Returns how many of `entries` that covered (0: none; the
+        reason is kept in `span_reason`)."""
+        import shutil
+
+        from lsm.files import copy_store
+        from nosync.modes import nosync_span
+
+        me, W = worker.index, worker.workers
+        if self.cut_steps == 0:
+            return 0  # the pipeline is not eligible: `span_reason` says why
+        # the records the span reads again and takes from peers, a full chunk per step at most
+        size = sum(1 for _, e in entries if e[0] in ("s", "i")) * worker.batch_size
+        if size <= int(self.threshold):
+            self.span_reason = f"the span ({size:,} records at most) is within the threshold"
+            return 0
+        cut = None
+        for x, (_, e) in enumerate(entries):
+            if e[0] == "C" and all(int(e[1][j]) <= self.peer_consumed.get(j, 0) for j in range(W) if j != me):
+                cut = x
+        if cut is None:
+            self.span_reason = "the span holds no cut whose frames every survivor had consumed"
+            return 0
+        t0 = time.perf_counter()
+        counters = [int(c) for c in entries[cut][1][1]]
+        taken = entries[: cut + 1]
+        # the frames of the span, in the order the steps consumed them
+        got: dict[int, list] = {}
+        for _, e in taken:
+            if e[0] == "i":
+                j, seq = int(e[1]), int(e[2])
+                q = self.queue.setdefault(j, deque())
+                while not q:
+                    pump(0.05)
+                f = q.popleft()
+                if f.header["s"] != seq:
+                    raise RunFailed(f"worker {me}: replay expected frame {seq} from worker {j}, got {f.header['s']}")
+                worker.credit(j)  # held here, not in the link's window
+                got.setdefault(j, []).append(f)
+
+        def give_back() -> None:
+            for j, fs in got.items():
+                self.queue[j].extendleft(reversed(fs))
+
+        spans = os.path.join(worker.spec["run_dir"], "span")
+        for old in os.listdir(spans) if os.path.isdir(spans) else ():
+            if old.startswith(f"w{me}-"):
+                shutil.rmtree(os.path.join(spans, old), ignore_errors=True)  # a lost attempt's
+        job_dir = os.path.join(spans, f"w{me}-a{worker.attempt}-s{self.step}")
+        os.makedirs(job_dir)
+        order = {j: iter(fs) for j, fs in got.items()}
+        inputs = []
+        for _, e in taken:
+            if e[0] == "i":
+                f = next(order[int(e[1])])
+                inputs.append((int(e[1]), f.kind, f.header, f.body))
+        with open(os.path.join(job_dir, "span.msgpack"), "wb") as out:
+            out.write(_pack({"restore_step": self.step, "entries": taken, "frames": inputs}))
+        # the job reads the store at the snapshot from a copy, made while nobody writes it
+        path = self.store.path
+        self.store.close()
+        try:
+            copy_store(path, os.path.join(job_dir, "base"))
+        finally:
+            self.store = None
+            self._open_store(worker)
+        covered = self._covered(counters)
+        if not covered:
+            worker.send_ctrl({"type": "mode", "op": "cover", "gen": worker.gen})
+        self.span_done = None
+        worker.send_ctrl(
+            {
+                "type": "mode",
+                "op": "span",
+                "gen": worker.gen,
+                "dir": job_dir,
+                "tasks": self.span_tasks,
+                "step": self.step,
+            },
+        )
+        while self.span_done is None or self.span_done.get("dir") != job_dir:
+            pump(0.05)
+            covered = covered or self._covered(counters)
+        done, self.span_done = self.span_done, None
+        why = done.get("error")
+        waited = time.perf_counter()
+        while why is None and not covered:
+            if time.perf_counter() - waited > COVER_TIMEOUT_S:
+                why = f"the survivors' durable points did not cover the cut within {COVER_TIMEOUT_S:.0f}s"
+                break
+            pump(0.05)
+            covered = self._covered(counters)
+        result = None
+        if why is None:
+            try:
+                result = nosync_span.load_results(job_dir, self.span_tasks, worker.ops)
+            except Exception as e:  # noqa: BLE001 - the worker re-executes the span itself
+                why = f"{type(e).__name__}: {e}"
+        if result is None:
+            log.warning("worker %s: the span job is not used (%s): re-executing record by record", me, why)
+            self.span_reason = f"the span job was not used: {why}"
+            give_back()
+            shutil.rmtree(job_dir, ignore_errors=True)
+            return 0
+        self._apply_span(worker, taken, counters, got, result)
+        shutil.rmtree(job_dir, ignore_errors=True)
+        self.span_s += time.perf_counter() - t0
+        self.span_reason = None
+        return len(taken)
+
+    def _covered(self, counters: list) -> bool:
+        """Whether every survivor's durable point covers the frames produced up to the cut."""
+        me = self.w.index
+        for j, c in enumerate(counters):
+            if j != me and c > int((self.peer_points.get(j) or {}).get("consumed", {}).get(me, 0)):
+                return False
+        return True
+
+    def _apply_span(self, worker: Any, taken: list, counters: list, got: dict, result: dict) -> None:
+        """The worker as it stood after the last step of `taken` (a cut): the job's keyed state,
+        frontiers, source positions and sink records, and the counters of the steps."""
+        from nosync.operators import Op
+
+        me = worker.index
+        for i, items in result["keyed"].items():
+            op = worker.ops[i]
+            looked = getattr(op, "looked", None)
+            for k, v, deleted in items:
+                if deleted:
+                    op.state.pop(k, None)
+                else:
+                    op.state[k] = statecodec.unpack(v) if type(v) is bytes else v
+                op.dirty.add(k)
+                if looked is not None:
+                    looked.add(k)
+        metas = result["meta"]
+        for op in worker.ops:
+            m = metas.get(op.name)
+            if m is None:
+                continue
+            if isinstance(op, SinkOp):
+                Op.restore_meta(op, m)  # its pre-commits and commits stay the snapshot's
+            else:
+                op.restore_meta(m)
+        for op in worker.sinks:
+            for epoch, recs in result["sinks"].get(op.name, ()):
+                op.records_in += len(recs)
+                op.process(list(recs), epoch, None)
+            if op.frontier >= 0:
+                op.part.seal(op.frontier)
+        for _, entry in taken:
+            if entry[0] == "i":
+                self.consumed[int(entry[1])] = int(entry[2])
+        for j, fs in got.items():
+            fp = self.fps.setdefault(j, {})
+            for f in fs:
+                fp[f.header["s"]] = f.header.get("fp")
+        self.stash.add(me, [(int(step), tuple(entry)) for step, entry in taken])
+        self.step = int(taken[-1][0])
+        self.produced = {d: c for d, c in enumerate(counters) if d != me and c}
+        for d, q in self.outlog.items():
+            # produced before the cut: every receiver's durable point covers them
+            while q and q[0][0] <= self.produced.get(d, 0):
+                item = q.popleft()
+                if item[1] is not None:
+                    self.out_mem -= len(item[1])
+                    item[1] = None
+                self.trimmed.append((d, item[0]))
+        self.replayed_steps += len(taken)
+        self.span_steps += len(taken)
+        self.span_records += int(result["read"]) + sum(
+            len(f.body) for fs in got.values() for f in fs if f.kind == frames.DATA
+        )
 
     def debug_state(self, worker: Any) -> dict:
         return {
@@ -896,6 +1131,37 @@ class NosyncMode(Mode):
         self.last_broadcast = 0.0
         self.last_sample = 0.0
         self.progress_rows: list[dict] = []
+        self.threshold = self.options.get("replay_threshold_records")
+        self.spark: Any = None
+        self.spec: dict = {}
+        self.span_results: list[tuple[int, int, dict]] = []
+        """(worker, generation, result) of span jobs done, for `tick` to hand over."""
+
+    def attach(self, spark: Any, spec: dict) -> None:
+        self.spark, self.spec = spark, spec
+        if self.threshold:
+            import threading
+
+            threading.Thread(target=self._warm_up, name="nosync-span-warm-up", daemon=True).start()
+
+    def _warm_up(self) -> None:
+        from nosync.batch import warm_up
+
+        try:
+            warm_up(self.spark, self.spec["workers"])
+        except Exception:  # noqa: BLE001 - only a warm-up: a recovery will try for real
+            log.warning("warming up batch jobs", exc_info=True)
+
+    def _span_job(self, worker: int, gen: int, msg: dict) -> None:
+        from nosync.modes.nosync_span import run_span
+
+        try:
+            got = run_span(self.spark, self.spec, {"worker": worker, "dir": msg["dir"], "tasks": msg["tasks"]})
+            result = {"seconds": got["seconds"], "dir": msg["dir"]}
+        except Exception as e:  # noqa: BLE001 - the worker re-executes the span itself
+            log.warning("the span job of worker %s failed", worker, exc_info=True)
+            result = {"error": f"{type(e).__name__}: {e}"[:2000], "dir": msg["dir"]}
+        self.span_results.append((worker, gen, result))
 
     def worker_options(self) -> dict:
         o = self.options
@@ -905,9 +1171,22 @@ class NosyncMode(Mode):
             "max_unpersisted_mb": o.get("max_unpersisted_mb") or 256,
             "max_output_log_mb": o.get("max_output_log_mb") or 64,
             "max_concurrent_snapshots": o.get("max_concurrent_snapshots") or 1,
+            "replay_threshold_records": o.get("replay_threshold_records"),
+            "span_tasks": o.get("span_tasks") or 1,
         }
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        if msg.get("op") == "span":
+            import threading
+
+            coord.event("span_job", worker=worker, step=int(msg.get("step", 0)))
+            threading.Thread(
+                target=self._span_job, args=(worker, coord.gen, msg), name="nosync-span", daemon=True
+            ).start()
+            return
+        if msg.get("op") == "cover":
+            coord.broadcast({"type": "mode", "op": "snapshot_now", "worker": worker, "gen": coord.gen})
+            return
         if msg.get("op") == "replayed":
             for r in reversed(self.recoveries):
                 if r["worker"] == worker or r.get("global"):
@@ -922,6 +1201,11 @@ class NosyncMode(Mode):
                     r.setdefault("steps_replayed", 0)
                     r["steps_replayed"] += int(msg["steps"])
                     r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
+                    if self.threshold:
+                        r["span_steps"] = int(msg.get("span_steps", 0))
+                        r["span_records"] = int(msg.get("span_records", 0))
+                        r["span_s"] = float(msg.get("span_s", 0.0))
+                        r["span_reason"] = msg.get("span_reason")
                     r["restored_step"] = int(msg["restored_step"])
                     break
             return
@@ -934,6 +1218,10 @@ class NosyncMode(Mode):
             self.changed = True
 
     def tick(self, coord: Any) -> None:
+        while self.span_results:
+            w, gen, result = self.span_results.pop(0)
+            if gen == coord.gen:
+                coord.send(w, {"type": "mode", "op": "span_done", "gen": gen, **result})
         now = time.monotonic()
         if now - self.last_sample >= 0.25:
             # per-worker progress over time: what a recovery cost the workers that did not fail
@@ -987,7 +1275,7 @@ class NosyncMode(Mode):
 
     def on_rejoin(self, coord: Any, worker: int, attempt: int, address: list) -> None:
         peers = [coord.members[i] for i in range(coord.workers)]
-        coord.send(worker, {"type": "peers", "gen": coord.gen, "addresses": peers, "restore": True})
+        coord.send(worker, {"type": "peers", "gen": coord.gen, "addresses": peers, "restore": True, "alone": True})
         for w in range(coord.workers):
             if w != worker:
                 coord.send(

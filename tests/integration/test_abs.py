@@ -135,7 +135,9 @@ def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
 # -- runs driven by hand -----------------------------------------------------------------
 
 
-def start_run(run_dir, *extra: str, records: int, keys: int, out, mode: str = "abs") -> subprocess.Popen:
+def start_run(
+    run_dir, *extra: str, records: int, keys: int, out, mode: str = "abs", env: dict | None = None
+) -> subprocess.Popen:
     cmd = [
         *NOSYNC,
         "run",
@@ -154,7 +156,8 @@ def start_run(run_dir, *extra: str, records: int, keys: int, out, mode: str = "a
         "-p",
         f"output={out}",
     ]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, **env} if env else None
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def wait_event(events: Events, proc: subprocess.Popen, pred, timeout: float, what: str) -> dict:

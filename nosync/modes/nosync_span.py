@@ -1,0 +1,370 @@
+"""Mode nosync: a recovery's span re-executed as one Spark batch job, parallel over keys.
+
+A worker that recovers restores its last durable snapshot S and re-executes the logged steps
+after it, up to the last step L its survivors depend on. With `--replay-threshold-records N`,
+when that span holds more than N records, the steps up to a cut P inside it go to a Spark job
+instead (`run_span`), and only the steps after P are re-executed one by one.
+
+Cuts. Every few steps (and at every snapshot) a worker logs a cut: a flush of every exchange
+buffer ("F"), then ("C", produced), its frame counters per link. After a cut nothing is
+buffered, so the worker's whole state at P is its operators' state; and the counters say which
+frames the steps up to P produced. A cut P can stand in for the steps up to it only when every
+survivor has processed, and made durable, every frame produced up to P (`NosyncHooks` waits for
+that, asking the survivors for a snapshot): nobody will ever ask for those frames again, so
+they need not be produced again. The steps after P produce the same frames as before, bit for
+bit, from the same state.
+
+The job. Task t of T builds the recovering worker's operators (`build_ops`, the streaming
+code), restores them from a copy of its store at S, and takes the same steps S+1..P: sources
+read again from S's positions, the frames the survivors sent again (written by the worker to
+the job's directory), the same flushes. Every task reads the whole span; a keyed operator
+processes only the records whose key falls in part t of the worker's keys (an empty push for
+the others, so that epochs advance as they did), so each key's records are folded in their
+logged order by exactly one task. Frames for other workers are dropped; the share that stays
+on the worker goes on as it did. Each task writes, msgpack, the keyed state its keys had at P,
+what reached its sinks (tagged with the step and the keyed push it came from, so that the
+worker stages it in the original order), and its operators' frontiers; the worker loads them
+and goes on from P.
+
+Which pipelines (`eligible`). Keys must stay in one task from the keyed operator to the sink:
+no keyed operator downstream of another, no join, window or loop, every keyed operator fed
+through an exchange, and no operator that mixes what a keyed operator emitted with what did
+not pass one (that would interleave two tasks' output). Sources must restart from a position
+(the job reads them again; a source behind an input log does not). For any other pipeline, or
+when no cut in the span qualifies, recovery re-executes record by record, and says why.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import msgpack
+import xxhash
+
+from lsm import TOMBSTONE
+from nosync import frames, statecodec
+from nosync.errors import RunFailed
+from nosync.modes import WorkerHooks, read_store
+from nosync.operators import MISSING_STATE, KeyedOp, SinkOp
+from nosync.sinks import SinkPart
+from nosync.worker import Router, Worker
+
+META = ("_m",)
+UNORDERED_PARTS = ("_FilesPart", "_NullPart")
+"""Sink parts whose committed output does not depend on the order of records in an epoch. Any
+other (LevelDB: the last write of a key wins) takes its records in the original order, and a
+key written by two tasks in one keyed push leaves that order unknown: the job is not used."""
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+def eligible(p: Any) -> str | None:
+    """None if a recovery of pipeline plan `p` can hand its span to the batch job; else why not."""
+    nodes = p.pipeline.nodes
+    keyed = {n.id for n in nodes if isinstance(n.kind, str) and n.kind in ("reduce", "aggregate", "stateful_map")}
+    for n in nodes:
+        if n.kind in ("join", "window", "iterate", "loop_entry", "loop_exit") or n.params.get("loop_internal"):
+            return f"operator '{n.name}' is a {n.kind}"
+        if n.kind == "source" and not n.params["source"].replayable:
+            return f"source '{n.name}' cannot restart from a position (it goes through an input log)"
+    below: dict[int, bool] = {}  # node -> downstream of (or is) a keyed operator
+
+    def derived(i: int) -> bool:
+        if i not in below:
+            below[i] = i in keyed or any(derived(e.src) for e in p.inputs_of(i))
+        return below[i]
+
+    for n in nodes:
+        ins = p.inputs_of(n.id)
+        if n.id in keyed:
+            if any(derived(e.src) for e in ins):
+                return f"keyed operator '{n.name}' is downstream of another keyed operator"
+            if not ins or not all(e.exchange for e in ins):
+                return f"keyed operator '{n.name}' is not fed through an exchange"
+        elif len({derived(e.src) for e in ins}) > 1:
+            return f"operator '{n.name}' mixes records of keyed operators with records that passed none"
+    return None
+
+
+def part_of(key: Any, workers: int, tasks: int) -> int:
+    """The task that folds `key` among a worker's `tasks` (the worker's keys all share
+    hash % workers: the quotient spreads them)."""
+    if type(key) is str:
+        data = key.encode("utf-8", "surrogatepass")
+    elif type(key) is bytes:
+        data = key
+    elif type(key) is int:
+        data = key.to_bytes(16, "little", signed=True)
+    else:
+        data = msgpack.packb(key, use_bin_type=True)
+    return (xxhash.xxh64_intdigest(data) // workers) % tasks
+
+
+# -- inside a task ---------------------------------------------------------------------
+
+
+class _Hooks(WorkerHooks):
+    name = "span"
+    sink_commits_at_frontier = False
+    tracks_dirty = True
+
+
+class _LocalRouter(Router):
+    """Keeps the share of its worker, drops the rest (those frames were consumed already)."""
+
+    def push(self, records: list, epoch: int, _chan: Any) -> None:
+        mine = [r for r in records if self._dest(r[0]) == self.me]
+        if mine:
+            self.dst.push(frames.wire_records(mine, self.sender), epoch, self.local_chan)
+
+    def _dest(self, k: Any) -> int:
+        from nosync.worker import partition_of
+
+        try:
+            d = self.cache.get(k)
+        except TypeError:
+            return partition_of(k, self.n)
+        if d is None:
+            if len(self.cache) > 1_000_000:
+                self.cache.clear()
+            d = self.cache[k] = partition_of(k, self.n)
+        return d
+
+    def _send(self, d: int) -> None:
+        pass
+
+    def _broadcast(self, kind: int, header: dict, body: Any = None) -> None:
+        pass
+
+
+class _Capture(SinkPart):
+    """What reaches a sink in a task: (step, keyed push, epoch, records), in order."""
+
+    def __init__(self, task: Any, keep: bool) -> None:
+        super().__init__()
+        self.task = task
+        self.keep = keep
+        self.rows: list = []
+
+    def write(self, epoch: int, records: list) -> None:
+        if self.keep and records:
+            self.rows.append((self.task.step, self.task.ordinal, epoch, statecodec.pack(list(records))))
+
+    def seal(self, epoch: int) -> None:
+        pass
+
+
+class _SpanWorker(Worker):
+    """A worker with no peers and no coordinator: the operators and routers of worker
+    `index`, driven by the steps of a span."""
+
+    router_class = _LocalRouter
+
+    def __init__(self, index: int, spec: dict, task: int, tasks: int, pure_sinks: set) -> None:
+        super().__init__(index, 0, {**spec, "secret": b"", "mode": "none", "mode_options": {}})
+        self.hooks = _Hooks()
+        self.slow_s = 0.0
+        self.task, self.tasks = task, tasks
+        self.pure_sinks = pure_sinks
+        self.step = 0
+        self.ordinal = 0
+        self.captures: dict[str, _Capture] = {}
+
+    def _sink_op(self, n: Any) -> SinkOp:
+        # what did not pass a keyed operator is the same in every task: task 0 keeps it
+        cap = self.captures[n.name] = _Capture(self, self.task == 0 or n.id not in self.pure_sinks)
+        return SinkOp(n, cap, self.clock)
+
+    def dead_letter(self, op_name: str, bad: Any) -> None:
+        pass  # the lost worker wrote them when it read them first
+
+    def keepalive(self) -> None:
+        pass
+
+
+def _gate(w: _SpanWorker, op: KeyedOp) -> None:
+    """Op `op` folds only the keys of task `w.task`: the others' records are dropped before
+    it, but the push itself still happens (its epochs advance as in the streaming run)."""
+    push = op.push
+    W, T, t = w.workers, w.tasks, w.task
+
+    def gated(records: list, epoch: int, channel: Any) -> None:
+        w.ordinal += 1
+        push([r for r in records if part_of(r[0], W, T) == t], epoch, channel)
+
+    op.push = gated  # type: ignore[method-assign]
+
+
+def _pure_sinks(p: Any) -> set:
+    keyed = {n.id for n in p.pipeline.nodes if n.kind in ("reduce", "aggregate", "stateful_map")}
+    below: dict[int, bool] = {}
+
+    def derived(i: int) -> bool:
+        if i not in below:
+            below[i] = i in keyed or any(derived(e.src) for e in p.inputs_of(i))
+        return below[i]
+
+    return {n.id for n in p.pipeline.nodes if n.kind == "sink" and not derived(n.id)}
+
+
+def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
+    """Task `task` of a span job: writes its part of the worker's state at the cut to
+    `<dir>/t<task>.msgpack`; returns what it did."""
+    import shutil
+    import tempfile
+
+    from lsm.files import copy_store
+    from nosync.loader import load_pipeline
+    from nosync.plan import plan
+
+    t0 = time.time()
+    me = int(job["worker"])
+    p = plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
+    w = _SpanWorker(me, spec, task, tasks, _pure_sinks(p))
+    w._build(p)
+    for op in w.ops:
+        if isinstance(op, KeyedOp):
+            _gate(w, op)
+    with open(os.path.join(job["dir"], "span.msgpack"), "rb") as f:
+        span = _unpack(f.read())
+    scratch = tempfile.mkdtemp(prefix="nosync-span-", dir=job["dir"])
+    store = None
+    try:
+        copy = os.path.join(scratch, "store")
+        copy_store(os.path.join(job["dir"], "base"), copy)
+        store = read_store(copy)
+        restore = int(span["restore_step"])
+        raw = store.get(META, as_of=restore) if restore > 0 else None
+        metas = _unpack(raw)["ops"] if raw is not None else {}
+        for i, op in enumerate(w.ops):
+            m = metas.get(op.name)
+            if m is not None:
+                op.restore_meta(m)
+            if isinstance(op, KeyedOp) and raw is not None:
+                op.lazy(lambda key, i=i: store.get((i, key), as_of=restore, default=MISSING_STATE))
+        read0 = sum(src.records_in for src in w.sources)
+        inputs = iter(span["frames"])
+        for step, entry in span["entries"]:
+            w.step = int(step)
+            kind = entry[0]
+            if kind == "i":
+                j, fkind, header, body = next(inputs)
+                w.process_frame(int(j), frames.Frame(int(fkind), header, body))
+            elif kind == "s":
+                w.sources[int(entry[1])].poll(entry[2])
+            # "f", "F", "C": flushes of buffers that hold nothing here (remote shares dropped)
+        keyed = {}
+        for i, op in enumerate(w.ops):
+            if isinstance(op, KeyedOp):
+                keyed[i] = [(k, None, True) if v is TOMBSTONE else (k, v, False) for k, v in op.take_updates()]
+        out = {
+            "task": task,
+            "keyed": keyed,
+            "meta": {op.name: op.snapshot_meta() for op in w.ops},
+            "sinks": {name: cap.rows for name, cap in w.captures.items()},
+            "read": sum(src.records_in for src in w.sources) - read0,
+            "folded": sum(op.records_in for op in w.ops if isinstance(op, KeyedOp)),
+            "seconds": time.time() - t0,
+        }
+        path = os.path.join(job["dir"], f"t{task}.msgpack")
+        with open(path + ".tmp", "wb") as f:
+            f.write(_pack(out))
+        os.replace(path + ".tmp", path)
+        return {k: out[k] for k in ("task", "read", "folded", "seconds")}
+    finally:
+        if store is not None:
+            store.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# -- the driver ------------------------------------------------------------------------
+
+
+def run_span(spark: Any, spec: dict, job: dict) -> dict:
+    """Runs the span job `job` ({"worker", "dir", "tasks"}) as one Spark job of `tasks`
+    tasks; returns per task what it read and folded. Raises RunFailed with a task's error."""
+    from nosync.batch import ERROR, SCHEMA, STATS, _fail_fast, _rows_batch
+
+    tasks = int(job["tasks"])
+    spec = {k: v for k, v in spec.items() if k != "secret"}
+
+    @_fail_fast
+    def run(batches: Any) -> Any:
+        for batch in batches:
+            for t in batch.column(0).to_pylist():
+                got = run_task(spec, job, int(t), tasks)
+                yield _rows_batch([(int(t), -1, int(t), 0, STATS, 0, _pack(got))])
+
+    t0 = time.time()
+    rows = spark.range(0, tasks, 1, tasks).mapInArrow(run, SCHEMA).select("kind", "data").collect()
+    out = []
+    for kind, data in rows:
+        if kind == ERROR:
+            raise RunFailed(f"the span job of worker {job['worker']}: {_unpack(data)['text']}")
+        out.append(_unpack(data))
+    return {"tasks": out, "seconds": time.time() - t0}
+
+
+# -- back in the recovering worker ---------------------------------------------------------
+
+
+def load_results(job_dir: str, tasks: int, ops: list) -> dict:
+    """The tasks' files, merged: keyed state per operator index, each operator's meta (its
+    epochs the greatest any task reached), and per sink the records to stage, in the order
+    the streaming run staged them. RunFailed if a sink's order cannot be restored."""
+    got = []
+    for t in range(tasks):
+        with open(os.path.join(job_dir, f"t{t}.msgpack"), "rb") as f:
+            got.append(_unpack(f.read()))
+    meta = dict(got[0]["meta"])
+    for g in got[1:]:
+        for name, m in g["meta"].items():
+            if m.get("last_epoch", -1) > meta[name].get("last_epoch", -1):
+                meta[name] = {**meta[name], "last_epoch": m["last_epoch"]}
+    keyed: dict[int, list] = {}
+    for g in got:
+        for i, items in g["keyed"].items():
+            keyed.setdefault(int(i), []).extend(items)
+    parts = {op.name: type(op.part).__name__ for op in ops if isinstance(op, SinkOp)}
+    sinks: dict[str, list] = {}
+    for name in got[0]["sinks"]:
+        rows = [
+            (step, ordinal, t, n, epoch, data)
+            for t, g in enumerate(got)
+            for n, (step, ordinal, epoch, data) in enumerate(g["sinks"][name])
+        ]
+        rows.sort()
+        if parts.get(name) not in UNORDERED_PARTS:
+            _check_order(name, rows)
+        sinks[name] = [(epoch, statecodec.unpack(data)) for _, _, _, _, epoch, data in rows]
+    return {
+        "keyed": keyed,
+        "meta": meta,
+        "sinks": sinks,
+        "read": got[0]["read"],  # every task reads the whole span
+        "folded": sum(g["folded"] for g in got),
+    }
+
+
+def _check_order(name: str, rows: list) -> None:
+    """Two tasks that wrote one key in the same keyed push: which came last is unknown."""
+    seen: dict[tuple, int] = {}
+    for step, ordinal, t, _, _, data in rows:
+        for rec in statecodec.unpack(data):
+            try:
+                k = _pack(rec[0])
+            except (TypeError, IndexError, ValueError):
+                continue
+            first = seen.setdefault((step, ordinal, k), t)
+            if first != t:
+                raise RunFailed(
+                    f"sink '{name}': key {rec[0]!r:.40} was written by two tasks in one step; their order is unknown"
+                )
