@@ -182,6 +182,36 @@ def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json
     )
 
 
+@bench.command("span")
+@click.option("--workers", type=click.IntRange(min=2), default=2, show_default=True)
+@click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.option("--records", type=click.IntRange(min=1), default=4_000_000, show_default=True)
+@click.option(
+    "--kill-at",
+    default="0.125,0.25,0.5",
+    show_default=True,
+    help="Comma-separated fractions of the records read at which the kill comes (the span's length).",
+)
+@master_option()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+def bench_span(workers, keys, records, kill_at, master, as_json) -> None:
+    """nosync recovery of one worker: record by record against the span job, per span length."""
+    from experiments.bench import span
+
+    try:
+        points = [float(x) for x in kill_at.split(",") if x.strip()]
+    except ValueError:
+        raise click.UsageError(f"--kill-at takes fractions such as 0.25,0.5, not {kill_at!r}") from None
+    if not points or not all(0 < x < 1 for x in points):
+        raise click.UsageError(f"--kill-at takes fractions between 0 and 1, not {kill_at!r}")
+    _report(
+        "span",
+        lambda progress: span.run(workers, keys, records, points, master=master, progress=progress),
+        span.render,
+        as_json,
+    )
+
+
 @bench.command("batch")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)

@@ -149,10 +149,12 @@ def recovery(
     keep: bool = False,
     missed_ok: bool = False,
     progress: Any = lambda m: None,
+    options: dict | None = None,
+    after_event: bool = True,
 ) -> dict:
     """A run in which worker W-1 is killed once `kill_after` of the records are read (half, by
     default), after the mode's first progress event (a completed checkpoint, a safe point, a
-    committed epoch). With
+    committed epoch; not waited for without `after_event`). `options` go to the run. With
     `phase` in [0, 1), the kill waits for the next progress event after that point and comes
     `phase` x the interval after it: the kill moved across the checkpoint interval. A run
     whose input ends before the kill raises, or with `missed_ok` returns `kill_missed`."""
@@ -180,7 +182,7 @@ def recovery(
         if killed or "armed" in state or p["read"] < records * kill_after:
             return
         events.poll()
-        if not any(e["event"] in PROGRESS_EVENTS for e in events.seen):
+        if after_event and not any(e["event"] in PROGRESS_EVENTS for e in events.seen):
             return
         if phase is None:
             kill()
@@ -194,7 +196,9 @@ def recovery(
             threading.Timer(delay, kill).start()
 
     try:
-        s = _run(spark, d, mode, workers, records, keys, 0.0, seed, interval_ms, tier, progress=watch)
+        s = _run(
+            spark, d, mode, workers, records, keys, 0.0, seed, interval_ms, tier, progress=watch, **(options or {})
+        )
         recs = s.get("recoveries") or []
         if not recs and missed_ok:
             # the input ended before the mode had anything to recover from: said, not hidden
@@ -215,6 +219,12 @@ def recovery(
             "checkpoint_restored": r.get("checkpoint"),
             "epoch_restored": r.get("epoch"),
             "batch_s": r.get("batch_s"),
+            "replay_restore_s": r.get("replay_restore_s"),
+            "records_replayed": r.get("records_replayed"),
+            "span_records": r.get("span_records"),
+            "span_steps": r.get("span_steps"),
+            "span_s": r.get("span_s"),
+            "span_reason": r.get("span_reason"),
             "records_per_s": s["records_per_s"],
             "latency_p99_ms": s.get("latency_p99_ms"),
             "stall_ms_max": 0.0 if mode == "replay" else s.get("stall_ms_max"),

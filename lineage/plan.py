@@ -8,6 +8,8 @@ A run's processes (workers) 0..W-1 each execute numbered steps 1, 2, ...; a dire
     ("s", k, epoch or None)   read a chunk of source k
     ("f", router, dst)        flushed one buffer
     ("F",)                    flushed all
+    ("C", produced)           a cut: the frames produced so far on each link (me, dst), a list
+                              indexed by dst; logged after an "F" (nosync_span)
 
 Lineage travels with the data: a frame carries the entries of its origins that are not yet
 durable, and the receiver keeps them in a `Stash` until the origin's durable point covers them
@@ -41,7 +43,7 @@ STASH_FORMAT = 1
 """Version of the `Stash.to_msgpack` encoding."""
 
 Entry = tuple[Any, ...]
-"""What one step did; the first item is its kind ("i", "s", "f" or "F")."""
+"""What one step did; the first item is its kind ("i", "s", "f", "F" or "C")."""
 Lineage = list[tuple[int, Entry]]
 """(step, entry) pairs in increasing step order."""
 

@@ -202,6 +202,10 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
                 "steps_replayed",
                 "restored_step",
                 "checkpoint",
+                "span_steps",
+                "span_records",
+                "span_s",
+                "span_reason",
             )
             if r.get(k) is not None
         }

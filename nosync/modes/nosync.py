@@ -47,6 +47,13 @@ frames that a survivor already processed are dropped by chan_seq after their fin
 checked. Then it runs live. A second worker lost while one recovers, or `run --resume`, makes
 every worker restore its own last snapshot and replay the same way (a new generation).
 
+With `replay_threshold_records`, every worker also logs a cut now and then (a flush of every
+buffer, then its frame counters per link), and a recovery whose span holds more records than
+the threshold hands the steps up to its last cut that every survivor has consumed to a Spark
+batch job, parallel over keys, once the survivors' durable points cover that cut (they are
+asked for a snapshot); only the steps after the cut are re-executed here. `nosync_span` tells
+that story, and which pipelines it applies to.
+
 A source that cannot restart from a position (TcpLines) goes through an input log: every
 chunk it delivers is appended to the worker's input store and made durable (fsynced) before
 any record of it is processed, so a replay reads the same chunks back from the log, and past
