@@ -71,7 +71,9 @@ def eligible(p: Any) -> str | None:
     nodes = p.pipeline.nodes
     keyed = {n.id for n in nodes if isinstance(n.kind, str) and n.kind in ("reduce", "aggregate", "stateful_map")}
     for n in nodes:
-        if n.kind in ("join", "window", "iterate", "loop_entry", "loop_exit") or n.params.get("loop_internal"):
+        if n.kind == "iterate" or n.kind.startswith("loop") or n.params.get("loop_internal"):
+            return f"operator '{n.name}' is part of a loop"
+        if n.kind in ("join", "window"):
             return f"operator '{n.name}' is a {n.kind}"
         if n.kind == "source" and not n.params["source"].replayable:
             return f"source '{n.name}' cannot restart from a position (it goes through an input log)"

@@ -17,7 +17,16 @@ import sys
 import threading
 
 import pytest
-from test_abs import ROOT, WORKLOADS, committed_pairs, finish, keyed_count_expected, start_run, wait_event
+from test_abs import (
+    ROOT,
+    WORKLOADS,
+    committed_pairs,
+    finish,
+    judge_chaos,
+    keyed_count_expected,
+    start_run,
+    wait_event,
+)
 
 from experiments.chaos import Events
 from nosync.loader import load_pipeline
@@ -37,6 +46,9 @@ def test_which_pipelines_the_span_job_takes(tmp_path):
     assert reason_of(os.path.join(WORKLOADS, "wordcount.py")) is None
     assert reason_of(os.path.join(PIPELINES, "chaos_dead_letters.py"), input=str(tmp_path), output="y") is None
     assert reason_of(os.path.join(WORKLOADS, "nexmark.py")) == "operator 'bids_per_window' is a window"
+    assert (
+        reason_of(os.path.join(PIPELINES, "halving_loop.py"), output="y") == "operator 'loop_entry_1' is part of a loop"
+    )
     assert reason_of(os.path.join(PIPELINES, "chaos_chain.py"), output="y") == (
         "keyed operator 'totals' is downstream of another keyed operator"
     )
@@ -99,3 +111,34 @@ def test_a_kill_recovers_through_the_span_job(tmp_path):
     assert r["span_reason"] is None, r
     assert r["span_steps"] > 0 and r["span_records"] > 0, r
     assert not os.listdir(run_dir / "span"), "the job's files stay behind"
+
+
+SPAN = {"replay_threshold_records": 1000, "persist_ms": 2000}
+"""Snapshots every 2 s or more: a kill finds a span of up to a few hundred thousand records,
+with cuts every 64 steps (the least), which the threshold hands to the job."""
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(
+    ("workload", "workers", "kills", "seed"),
+    [(w, n, k, s) for w in ("keyed_count", "python_state", "dead_letters") for n, k, s in ((2, 1, 1), (3, 2, 2))],
+)
+def test_chaos_span_soak(tmp_path, workload, workers, kills, seed):
+    """`nosync chaos` with the span job: exactly-once, and every recovery says whether it used
+    the job or why not.
+
+        .venv/bin/python -m pytest -m soak tests/integration/test_span_replay.py
+    """
+    from test_chaos_pipelines import write_input
+
+    if workload == "keyed_count":
+        path, params = "keyed_count", {"records": "6000000"}
+    elif workload == "python_state":
+        path, params = os.path.join(PIPELINES, "python_state.py"), {"records": "1500000"}
+    else:
+        write_input(tmp_path / "in", lines=800_000)
+        path, params = os.path.join(PIPELINES, "chaos_dead_letters.py"), {"input": str(tmp_path / "in")}
+    judge_chaos(tmp_path, path, "nosync", workers, kills, seed, params, SPAN)
+    summary = json.loads((tmp_path / "chaos" / "chaos" / "summary.json").read_text())
+    for r in summary["recoveries"]:
+        assert r["span_steps"] > 0 or r["span_reason"], r
