@@ -70,8 +70,8 @@ class Clock:
         self.ts = 0.0
 
 
-def partition_of(key: Any, workers: int) -> int:
-    """The worker that owns `key`: xxhash64 of its bytes, modulo W."""
+def key_hash(key: Any) -> int:
+    """xxhash64 of the bytes of `key` (a list hashes as the tuple of its items)."""
     if type(key) is str:
         data = key.encode("utf-8", "surrogatepass")
     elif type(key) is bytes:
@@ -80,7 +80,12 @@ def partition_of(key: Any, workers: int) -> int:
         data = key.to_bytes(16, "little", signed=True)
     else:
         data = msgpack.packb(key, use_bin_type=True)
-    return xxhash.xxh64_intdigest(data) % workers
+    return xxhash.xxh64_intdigest(data)
+
+
+def partition_of(key: Any, workers: int) -> int:
+    """The worker that owns `key`: its hash modulo W."""
+    return key_hash(key) % workers
 
 
 def build_ops(

@@ -1024,6 +1024,7 @@ class NosyncHooks(WorkerHooks):
                 Op.restore_meta(op, m)  # its pre-commits and commits stay the snapshot's
             else:
                 op.restore_meta(m)
+        worker.clock.ts = 0.0  # records staged here have no ingest time to measure from
         for op in worker.sinks:
             for epoch, recs in result["sinks"].get(op.name, ()):
                 op.records_in += len(recs)

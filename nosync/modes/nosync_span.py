@@ -41,7 +41,6 @@ import time
 from typing import Any
 
 import msgpack
-import xxhash
 
 from lsm import TOMBSTONE
 from nosync import frames, statecodec
@@ -49,7 +48,7 @@ from nosync.errors import RunFailed
 from nosync.modes import WorkerHooks, read_store
 from nosync.operators import MISSING_STATE, KeyedOp, SinkOp
 from nosync.sinks import SinkPart
-from nosync.worker import Router, Worker
+from nosync.worker import Router, Worker, key_hash, partition_of
 
 META = ("_m",)
 UNORDERED_PARTS = ("_FilesPart", "_NullPart")
@@ -66,32 +65,36 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
 
 
+KEYED = ("reduce", "aggregate", "stateful_map")
+
+
+def _below_keyed(p: Any) -> dict[int, bool]:
+    """node id -> whether it is a keyed operator or downstream of one."""
+    nodes = p.pipeline.nodes
+    below: dict[int, bool] = {}
+    for n in nodes:  # node order is topological: inputs come first
+        below[n.id] = n.kind in KEYED or any(below[e.src] for e in p.inputs_of(n.id))
+    return below
+
+
 def eligible(p: Any) -> str | None:
     """None if a recovery of pipeline plan `p` can hand its span to the batch job; else why not."""
-    nodes = p.pipeline.nodes
-    keyed = {n.id for n in nodes if isinstance(n.kind, str) and n.kind in ("reduce", "aggregate", "stateful_map")}
-    for n in nodes:
+    for n in p.pipeline.nodes:
         if n.kind == "iterate" or n.kind.startswith("loop") or n.params.get("loop_internal"):
             return f"operator '{n.name}' is part of a loop"
         if n.kind in ("join", "window"):
             return f"operator '{n.name}' is a {n.kind}"
         if n.kind == "source" and not n.params["source"].replayable:
             return f"source '{n.name}' cannot restart from a position (it goes through an input log)"
-    below: dict[int, bool] = {}  # node -> downstream of (or is) a keyed operator
-
-    def derived(i: int) -> bool:
-        if i not in below:
-            below[i] = i in keyed or any(derived(e.src) for e in p.inputs_of(i))
-        return below[i]
-
-    for n in nodes:
+    below = _below_keyed(p)
+    for n in p.pipeline.nodes:
         ins = p.inputs_of(n.id)
-        if n.id in keyed:
-            if any(derived(e.src) for e in ins):
+        if n.kind in KEYED:
+            if any(below[e.src] for e in ins):
                 return f"keyed operator '{n.name}' is downstream of another keyed operator"
             if not ins or not all(e.exchange for e in ins):
                 return f"keyed operator '{n.name}' is not fed through an exchange"
-        elif len({derived(e.src) for e in ins}) > 1:
+        elif len({below[e.src] for e in ins}) > 1:
             return f"operator '{n.name}' mixes records of keyed operators with records that passed none"
     return None
 
@@ -99,15 +102,7 @@ def eligible(p: Any) -> str | None:
 def part_of(key: Any, workers: int, tasks: int) -> int:
     """The task that folds `key` among a worker's `tasks` (the worker's keys all share
     hash % workers: the quotient spreads them)."""
-    if type(key) is str:
-        data = key.encode("utf-8", "surrogatepass")
-    elif type(key) is bytes:
-        data = key
-    elif type(key) is int:
-        data = key.to_bytes(16, "little", signed=True)
-    else:
-        data = msgpack.packb(key, use_bin_type=True)
-    return (xxhash.xxh64_intdigest(data) // workers) % tasks
+    return (key_hash(key) // workers) % tasks
 
 
 # -- inside a task ---------------------------------------------------------------------
@@ -128,8 +123,6 @@ class _LocalRouter(Router):
             self.dst.push(frames.wire_records(mine, self.sender), epoch, self.local_chan)
 
     def _dest(self, k: Any) -> int:
-        from nosync.worker import partition_of
-
         try:
             d = self.cache.get(k)
         except TypeError:
@@ -206,15 +199,8 @@ def _gate(w: _SpanWorker, op: KeyedOp) -> None:
 
 
 def _pure_sinks(p: Any) -> set:
-    keyed = {n.id for n in p.pipeline.nodes if n.kind in ("reduce", "aggregate", "stateful_map")}
-    below: dict[int, bool] = {}
-
-    def derived(i: int) -> bool:
-        if i not in below:
-            below[i] = i in keyed or any(derived(e.src) for e in p.inputs_of(i))
-        return below[i]
-
-    return {n.id for n in p.pipeline.nodes if n.kind == "sink" and not derived(n.id)}
+    below = _below_keyed(p)
+    return {n.id for n in p.pipeline.nodes if n.kind == "sink" and not below[n.id]}
 
 
 def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
