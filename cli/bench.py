@@ -192,9 +192,10 @@ def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json
     show_default=True,
     help="Comma-separated fractions of the records read at which the kill comes (the span's length).",
 )
+@click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Steady-state pairs.")
 @master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
-def bench_span(workers, keys, records, kill_at, master, as_json) -> None:
+def bench_span(workers, keys, records, kill_at, reps, master, as_json) -> None:
     """nosync recovery of one worker: record by record against the span job, per span length."""
     from experiments.bench import span
 
@@ -206,7 +207,7 @@ def bench_span(workers, keys, records, kill_at, master, as_json) -> None:
         raise click.UsageError(f"--kill-at takes fractions between 0 and 1, not {kill_at!r}")
     _report(
         "span",
-        lambda progress: span.run(workers, keys, records, points, master=master, progress=progress),
+        lambda progress: span.run(workers, keys, records, points, master=master, reps=reps, progress=progress),
         span.render,
         as_json,
     )

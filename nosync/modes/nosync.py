@@ -228,6 +228,7 @@ class NosyncHooks(WorkerHooks):
         self.span_steps = 0
         self.span_records = 0
         self.span_s = 0.0
+        self.span_parts: dict = {}
         self.spilled_frames = 0
         self.store: Any = None
         self.inputs: Any = None
@@ -728,6 +729,7 @@ class NosyncHooks(WorkerHooks):
                 "span_steps": self.span_steps,
                 "span_records": self.span_records,
                 "span_s": self.span_s,
+                "span_parts": self.span_parts,
                 "span_reason": self.span_reason,
             }
         )
@@ -938,6 +940,7 @@ class NosyncHooks(WorkerHooks):
                 inputs.append((int(e[1]), f.kind, f.header, f.body))
         with open(os.path.join(job_dir, "span.msgpack"), "wb") as out:
             out.write(_pack({"restore_step": self.step, "entries": taken, "frames": inputs}))
+        t1 = time.perf_counter()
         # the job reads the store at the snapshot from a copy, made while nobody writes it
         path = self.store.path
         self.store.close()
@@ -946,6 +949,7 @@ class NosyncHooks(WorkerHooks):
         finally:
             self.store = None
             self._open_store(worker)
+        t2 = time.perf_counter()
         covered = self._covered(counters)
         if not covered:
             worker.send_ctrl({"type": "mode", "op": "cover", "gen": worker.gen})
@@ -965,7 +969,7 @@ class NosyncHooks(WorkerHooks):
             covered = covered or self._covered(counters)
         done, self.span_done = self.span_done, None
         why = done.get("error")
-        waited = time.perf_counter()
+        t3 = waited = time.perf_counter()
         while why is None and not covered:
             if time.perf_counter() - waited > COVER_TIMEOUT_S:
                 why = f"the survivors' durable points did not cover the cut within {COVER_TIMEOUT_S:.0f}s"
@@ -984,9 +988,21 @@ class NosyncHooks(WorkerHooks):
             give_back()
             shutil.rmtree(job_dir, ignore_errors=True)
             return 0
+        t4 = time.perf_counter()
         self._apply_span(worker, taken, counters, got, result)
         shutil.rmtree(job_dir, ignore_errors=True)
-        self.span_s += time.perf_counter() - t0
+        t5 = time.perf_counter()
+        self.span_s += t5 - t0
+        # where the time went: the span's frames gathered and written, the store copied, the
+        # job (as the driver timed it, and as waited for here), the survivors' cover, loading
+        self.span_parts = {
+            "gather_s": t1 - t0,
+            "copy_s": t2 - t1,
+            "job_s": float(done.get("seconds", 0.0)),
+            "wait_s": t3 - t2,
+            "cover_s": t4 - t3,
+            "load_s": t5 - t4,
+        }
         self.span_reason = None
         return len(taken)
 
@@ -1214,6 +1230,7 @@ class NosyncMode(Mode):
                         r["span_records"] = int(msg.get("span_records", 0))
                         r["span_s"] = float(msg.get("span_s", 0.0))
                         r["span_reason"] = msg.get("span_reason")
+                        r["span_parts"] = msg.get("span_parts") or {}
                     r["restored_step"] = int(msg["restored_step"])
                     break
             return
