@@ -51,6 +51,10 @@ class SinkPart:
     The base stages records per epoch in memory; `take(epoch)` hands a commit the staged
     epochs up to `epoch`, oldest first."""
 
+    order_matters = True
+    """Whether the committed output depends on the order of the records of an epoch (a
+    LevelDB sink: the last write of a key wins); a multiset of records per epoch does not."""
+
     def __init__(self) -> None:
         self.pending: dict[int, list] = {}
         self.held: dict[int, list] = {}
@@ -308,6 +312,8 @@ class _OpenFile:
 
 
 class _FilesPart(SinkPart):
+    order_matters = False
+
     def __init__(self, directory: str, fmt: str, worker: int) -> None:
         super().__init__()
         self.dir = directory
@@ -597,6 +603,8 @@ class Null(Sink):
 
 class _NullPart(SinkPart):
     """Stages only a count per epoch."""
+
+    order_matters = False
 
     def write(self, epoch: int, records: list) -> None:
         self.pending[epoch] = self.pending.get(epoch, 0) + len(records)

@@ -979,7 +979,8 @@ class NosyncHooks(WorkerHooks):
         result = None
         if why is None:
             try:
-                result = nosync_span.load_results(job_dir, self.span_tasks, worker.ops)
+                ordered = {op.name for op in worker.sinks if op.part.order_matters}
+                result = nosync_span.load_results(job_dir, self.span_tasks, ordered)
             except Exception as e:  # noqa: BLE001 - the worker re-executes the span itself
                 why = f"{type(e).__name__}: {e}"
         if result is None:

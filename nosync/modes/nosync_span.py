@@ -51,10 +51,6 @@ from nosync.sinks import SinkPart
 from nosync.worker import Router, Worker, key_hash, partition_of
 
 META = ("_m",)
-UNORDERED_PARTS = ("_FilesPart", "_NullPart")
-"""Sink parts whose committed output does not depend on the order of records in an epoch. Any
-other (LevelDB: the last write of a key wins) takes its records in the original order, and a
-key written by two tasks in one keyed push leaves that order unknown: the job is not used."""
 
 
 def _pack(obj: Any) -> bytes:
@@ -304,10 +300,13 @@ def run_span(spark: Any, spec: dict, job: dict) -> dict:
 # -- back in the recovering worker ---------------------------------------------------------
 
 
-def load_results(job_dir: str, tasks: int, ops: list) -> dict:
+def load_results(job_dir: str, tasks: int, ordered: set) -> dict:
     """The tasks' files, merged: keyed state per operator index, each operator's meta (its
     epochs the greatest any task reached), and per sink the records to stage, in the order
-    the streaming run staged them. RunFailed if a sink's order cannot be restored."""
+    the streaming run staged them (by step, then by the keyed push they came from). For the
+    sinks named in `ordered` (their parts' output depends on that order: LevelDB, where the
+    last write of a key wins), RunFailed if two tasks wrote one key in the same push, whose
+    order is then unknown."""
     got = []
     for t in range(tasks):
         with open(os.path.join(job_dir, f"t{t}.msgpack"), "rb") as f:
@@ -321,7 +320,6 @@ def load_results(job_dir: str, tasks: int, ops: list) -> dict:
     for g in got:
         for i, items in g["keyed"].items():
             keyed.setdefault(int(i), []).extend(items)
-    parts = {op.name: type(op.part).__name__ for op in ops if isinstance(op, SinkOp)}
     sinks: dict[str, list] = {}
     for name in got[0]["sinks"]:
         rows = [
@@ -330,7 +328,7 @@ def load_results(job_dir: str, tasks: int, ops: list) -> dict:
             for n, (step, ordinal, epoch, data) in enumerate(g["sinks"][name])
         ]
         rows.sort()
-        if parts.get(name) not in UNORDERED_PARTS:
+        if name in ordered:
             _check_order(name, rows)
         sinks[name] = [(epoch, statecodec.unpack(data)) for _, _, _, _, epoch, data in rows]
     return {
