@@ -835,6 +835,8 @@ class NosyncHooks(WorkerHooks):
                 taken = self._span(worker, entries, pump)
                 deadline[0] = time.monotonic() + REPLAY_TIMEOUT_S
                 entries = entries[taken:]
+            elif self.threshold and self.span_reason is None:
+                self.span_reason = "every worker restored (a regroup): the span job is for one worker recovering alone"
             for _, entry in entries:
                 kind = entry[0]
                 if kind == "i":
