@@ -475,6 +475,21 @@ def warm_up(spark: Any, workers: int) -> None:
     ).mapInArrow(_echo, "id long, dest int, slot int").collect()
 
 
+def warm_up_soon(spark: Any, workers: int, what: str) -> None:
+    """`warm_up` in a thread of its own (named after `what`), now, on the spare slots: a first
+    job a recovery needs does not pay the first-use costs then. A failure is only logged."""
+    import logging
+    import threading
+
+    def run() -> None:
+        try:
+            warm_up(spark, workers)
+        except Exception:  # noqa: BLE001 - only a warm-up: the recovery will try for real
+            logging.getLogger("nosync.batch").warning("warming up batch jobs", exc_info=True)
+
+    threading.Thread(target=run, name=f"nosync-{what}-warm-up", daemon=True).start()
+
+
 def _echo(batches: Any) -> Any:
     yield from batches
 

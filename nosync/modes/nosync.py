@@ -841,14 +841,7 @@ class NosyncHooks(WorkerHooks):
                 kind = entry[0]
                 if kind == "i":
                     j, seq = int(entry[1]), int(entry[2])
-                    q = self.queue.setdefault(j, deque())
-                    while not q:
-                        pump(0.05)
-                    f = q.popleft()
-                    if f.header["s"] != seq:
-                        raise RunFailed(
-                            f"worker {me}: replay expected frame {seq} from worker {j}, got {f.header['s']}"
-                        )
+                    f = self._next_frame(j, seq, pump)
                     self._consume(j, seq, f.header)
                     if f.kind == frames.DATA:
                         self.replayed_records += len(f.body)
@@ -882,6 +875,16 @@ class NosyncHooks(WorkerHooks):
             self.replaying = False
         self.drain(worker)
 
+    def _next_frame(self, j: int, seq: int, pump: Any) -> Any:
+        """Frame `seq` of the link from worker `j`, the next in its queue once it arrived."""
+        q = self.queue.setdefault(j, deque())
+        while not q:
+            pump(0.05)
+        f = q.popleft()
+        if f.header["s"] != seq:
+            raise RunFailed(f"worker {self.w.index}: replay expected frame {seq} from worker {j}, got {f.header['s']}")
+        return f
+
     def _span(self, worker: Any, entries: list, pump: Any) -> int:
         """With a replay threshold: when the span to re-execute holds more records than it,
         hands the steps up to its last usable cut to a Spark batch job (`nosync_span`) and
@@ -914,13 +917,8 @@ class NosyncHooks(WorkerHooks):
         got: dict[int, list] = {}
         for _, e in taken:
             if e[0] == "i":
-                j, seq = int(e[1]), int(e[2])
-                q = self.queue.setdefault(j, deque())
-                while not q:
-                    pump(0.05)
-                f = q.popleft()
-                if f.header["s"] != seq:
-                    raise RunFailed(f"worker {me}: replay expected frame {seq} from worker {j}, got {f.header['s']}")
+                j = int(e[1])
+                f = self._next_frame(j, int(e[2]), pump)
                 worker.credit(j)  # held here, not in the link's window
                 got.setdefault(j, []).append(f)
 
@@ -1167,17 +1165,9 @@ class NosyncMode(Mode):
     def attach(self, spark: Any, spec: dict) -> None:
         self.spark, self.spec = spark, spec
         if self.threshold:
-            import threading
+            from nosync.batch import warm_up_soon
 
-            threading.Thread(target=self._warm_up, name="nosync-span-warm-up", daemon=True).start()
-
-    def _warm_up(self) -> None:
-        from nosync.batch import warm_up
-
-        try:
-            warm_up(self.spark, self.spec["workers"])
-        except Exception:  # noqa: BLE001 - only a warm-up: a recovery will try for real
-            log.warning("warming up batch jobs", exc_info=True)
+            warm_up_soon(spark, spec["workers"], "span")
 
     def _span_job(self, worker: int, gen: int, msg: dict) -> None:
         from nosync.modes.nosync_span import run_span

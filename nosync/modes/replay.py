@@ -151,15 +151,9 @@ class ReplayMode(Mode):
         self.spec = spec
         # the first batch job of a session starts Python workers and compiles what Arrow
         # needs; done now, on the spare slots, it is not paid at the first failure
-        threading.Thread(target=self._warm_up, name="nosync-replay-warm-up", daemon=True).start()
+        from nosync.batch import warm_up_soon
 
-    def _warm_up(self) -> None:
-        from nosync.batch import warm_up
-
-        try:
-            warm_up(self.spark, self.spec["workers"])
-        except Exception:  # noqa: BLE001 - only a warm-up: the recovery will try for real
-            log.warning("warming up batch jobs", exc_info=True)
+        warm_up_soon(spark, spec["workers"], "replay")
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
         if msg.get("op") != "committed":
