@@ -116,7 +116,6 @@ def run(
             "max_output_log_mb": max_output_log_mb,
             "max_concurrent_snapshots": max_concurrent_snapshots,
             "replay_threshold_records": replay_threshold_records,
-            "span_tasks": workers,
         },
     )
     if driver_mode.requires_replayable_sources:
@@ -141,20 +140,14 @@ def run(
     t0 = time.time()
     # mode replay, and mode nosync with a replay threshold, run batch jobs beside the W
     # streaming tasks: W more slots
-    batch_jobs = mode == "replay" or replay_threshold_records is not None
-    slots = 2 * workers if batch_jobs else workers
+    why = ""
+    if mode == "replay":
+        why = f"mode replay: {workers} streaming tasks and {workers} for batch recomputation"
+    elif replay_threshold_records is not None:
+        why = f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
+    slots = 2 * workers if why else workers
     spark = spark or get_spark(master, slots)
-    check_slots(
-        spark,
-        slots,
-        ""
-        if not batch_jobs
-        else (
-            f"mode replay: {workers} streaming tasks and {workers} for batch recomputation"
-            if mode == "replay"
-            else f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
-        ),
-    )
+    check_slots(spark, slots, why)
     startup_s = time.time() - t0
     secret = secrets.token_bytes(32)
     coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=max_restarts)

@@ -81,7 +81,7 @@ from lsm import TOMBSTONE
 from nosync import frames, statecodec
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks, open_store
-from nosync.operators import EOS, MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
+from nosync.operators import EOS, MISSING_STATE, JoinOp, KeyedOp, Op, SinkOp, WindowOp
 
 log = logging.getLogger("nosync.nosync")
 
@@ -224,7 +224,6 @@ class NosyncHooks(WorkerHooks):
         self.threshold = o.get("replay_threshold_records")
         self.cut_steps = 0
         self.span_reason: str | None = None
-        self.span_tasks = int(o.get("span_tasks") or 1)
         self.span_steps = 0
         self.span_records = 0
         self.span_s = 0.0
@@ -913,14 +912,16 @@ class NosyncHooks(WorkerHooks):
         t0 = time.perf_counter()
         counters = [int(c) for c in entries[cut][1][1]]
         taken = entries[: cut + 1]
-        # the frames of the span, in the order the steps consumed them
+        # the frames of the span, per link, and for the job in the order the steps consumed them
         got: dict[int, list] = {}
+        inputs = []
         for _, e in taken:
             if e[0] == "i":
                 j = int(e[1])
                 f = self._next_frame(j, int(e[2]), pump)
                 worker.credit(j)  # held here, not in the link's window
                 got.setdefault(j, []).append(f)
+                inputs.append((j, f.kind, f.header, f.body))
 
         def give_back() -> None:
             for j, fs in got.items():
@@ -932,12 +933,6 @@ class NosyncHooks(WorkerHooks):
                 shutil.rmtree(os.path.join(spans, old), ignore_errors=True)  # a lost attempt's
         job_dir = os.path.join(spans, f"w{me}-a{worker.attempt}-s{self.step}")
         os.makedirs(job_dir)
-        order = {j: iter(fs) for j, fs in got.items()}
-        inputs = []
-        for _, e in taken:
-            if e[0] == "i":
-                f = next(order[int(e[1])])
-                inputs.append((int(e[1]), f.kind, f.header, f.body))
         with open(os.path.join(job_dir, "span.msgpack"), "wb") as out:
             out.write(_pack({"restore_step": self.step, "entries": taken, "frames": inputs}))
         t1 = time.perf_counter()
@@ -960,7 +955,7 @@ class NosyncHooks(WorkerHooks):
                 "op": "span",
                 "gen": worker.gen,
                 "dir": job_dir,
-                "tasks": self.span_tasks,
+                "tasks": W,
                 "step": self.step,
             },
         )
@@ -980,7 +975,7 @@ class NosyncHooks(WorkerHooks):
         if why is None:
             try:
                 ordered = {op.name for op in worker.sinks if op.part.order_matters}
-                result = nosync_span.load_results(job_dir, self.span_tasks, ordered)
+                result = nosync_span.load_results(job_dir, W, ordered)
             except Exception as e:  # noqa: BLE001 - the worker re-executes the span itself
                 why = f"{type(e).__name__}: {e}"
         if result is None:
@@ -1018,8 +1013,6 @@ class NosyncHooks(WorkerHooks):
     def _apply_span(self, worker: Any, taken: list, counters: list, got: dict, result: dict) -> None:
         """The worker as it stood after the last step of `taken` (a cut): the job's keyed state,
         frontiers, source positions and sink records, and the counters of the steps."""
-        from nosync.operators import Op
-
         me = worker.index
         for i, items in result["keyed"].items():
             op = worker.ops[i]
@@ -1189,7 +1182,6 @@ class NosyncMode(Mode):
             "max_output_log_mb": o.get("max_output_log_mb") or 64,
             "max_concurrent_snapshots": o.get("max_concurrent_snapshots") or 1,
             "replay_threshold_records": o.get("replay_threshold_records"),
-            "span_tasks": o.get("span_tasks") or 1,
         }
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:

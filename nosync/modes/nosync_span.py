@@ -40,28 +40,15 @@ import os
 import time
 from typing import Any
 
-import msgpack
-
 from lsm import TOMBSTONE
 from nosync import frames, statecodec
 from nosync.errors import RunFailed
 from nosync.modes import WorkerHooks, read_store
+from nosync.modes.nosync import META, _pack, _unpack
 from nosync.operators import MISSING_STATE, KeyedOp, SinkOp
+from nosync.pipeline import KEYED_KINDS
 from nosync.sinks import SinkPart
-from nosync.worker import Router, Worker, key_hash, partition_of
-
-META = ("_m",)
-
-
-def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
-
-
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
-
-
-KEYED = ("reduce", "aggregate", "stateful_map")
+from nosync.worker import Router, Worker, key_hash
 
 
 def _below_keyed(p: Any) -> dict[int, bool]:
@@ -69,7 +56,7 @@ def _below_keyed(p: Any) -> dict[int, bool]:
     nodes = p.pipeline.nodes
     below: dict[int, bool] = {}
     for n in nodes:  # node order is topological: inputs come first
-        below[n.id] = n.kind in KEYED or any(below[e.src] for e in p.inputs_of(n.id))
+        below[n.id] = n.kind in KEYED_KINDS or any(below[e.src] for e in p.inputs_of(n.id))
     return below
 
 
@@ -85,7 +72,7 @@ def eligible(p: Any) -> str | None:
     below = _below_keyed(p)
     for n in p.pipeline.nodes:
         ins = p.inputs_of(n.id)
-        if n.kind in KEYED:
+        if n.kind in KEYED_KINDS:
             if any(below[e.src] for e in ins):
                 return f"keyed operator '{n.name}' is downstream of another keyed operator"
             if not ins or not all(e.exchange for e in ins):
@@ -111,26 +98,11 @@ class _Hooks(WorkerHooks):
 
 
 class _LocalRouter(Router):
-    """Keeps the share of its worker, drops the rest (those frames were consumed already)."""
-
-    def push(self, records: list, epoch: int, _chan: Any) -> None:
-        mine = [r for r in records if self._dest(r[0]) == self.me]
-        if mine:
-            self.dst.push(frames.wire_records(mine, self.sender), epoch, self.local_chan)
-
-    def _dest(self, k: Any) -> int:
-        try:
-            d = self.cache.get(k)
-        except TypeError:
-            return partition_of(k, self.n)
-        if d is None:
-            if len(self.cache) > 1_000_000:
-                self.cache.clear()
-            d = self.cache[k] = partition_of(k, self.n)
-        return d
+    """Passes on the share of its worker as a streaming router does, and drops the buffers of
+    the others instead of sending them (those frames were consumed already)."""
 
     def _send(self, d: int) -> None:
-        pass
+        self.buffers[d] = []
 
     def _broadcast(self, kind: int, header: dict, body: Any = None) -> None:
         pass
@@ -322,15 +294,15 @@ def load_results(job_dir: str, tasks: int, ordered: set) -> dict:
             keyed.setdefault(int(i), []).extend(items)
     sinks: dict[str, list] = {}
     for name in got[0]["sinks"]:
-        rows = [
+        rows = sorted(
             (step, ordinal, t, n, epoch, data)
             for t, g in enumerate(got)
             for n, (step, ordinal, epoch, data) in enumerate(g["sinks"][name])
-        ]
-        rows.sort()
+        )
+        staged = [(step, ordinal, t, epoch, statecodec.unpack(data)) for step, ordinal, t, _, epoch, data in rows]
         if name in ordered:
-            _check_order(name, rows)
-        sinks[name] = [(epoch, statecodec.unpack(data)) for _, _, _, _, epoch, data in rows]
+            _check_order(name, staged)
+        sinks[name] = [(epoch, recs) for _, _, _, epoch, recs in staged]
     return {
         "keyed": keyed,
         "meta": meta,
@@ -343,8 +315,8 @@ def load_results(job_dir: str, tasks: int, ordered: set) -> dict:
 def _check_order(name: str, rows: list) -> None:
     """Two tasks that wrote one key in the same keyed push: which came last is unknown."""
     seen: dict[tuple, int] = {}
-    for step, ordinal, t, _, _, data in rows:
-        for rec in statecodec.unpack(data):
+    for step, ordinal, t, _, recs in rows:
+        for rec in recs:
             try:
                 k = _pack(rec[0])
             except (TypeError, IndexError, ValueError):
