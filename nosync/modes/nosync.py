@@ -1195,6 +1195,9 @@ class NosyncMode(Mode):
             return
         if msg.get("op") == "cover":
             coord.broadcast({"type": "mode", "op": "snapshot_now", "worker": worker, "gen": coord.gen})
+            # and the points as they stand: a restarted worker has seen none, and survivors
+            # whose input ended take no snapshot that would broadcast them again
+            self.changed = True
             return
         if msg.get("op") == "replayed":
             for r in reversed(self.recoveries):
