@@ -38,11 +38,12 @@ def _report(name: str, run, render, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 @click.option("--keys", default=1_000_000, show_default=True, type=click.IntRange(min=1000))
 @click.option(
-    "--rounds",
+    "--runs",
+    "rounds",
     default=5,
     show_default=True,
     type=click.IntRange(min=2),
-    help="Passes over the key space in the sustained run (5M updates at the default).",
+    help="Runs of the whole state (snapshots) the as-of reads look through.",
 )
 @click.option(
     "--probes", default=200_000, show_default=True, type=click.IntRange(min=1), help="As-of look-ups per read pass."
@@ -55,7 +56,7 @@ def _report(name: str, run, render, as_json: bool) -> None:
     help="Where the stores go (default: a temporary directory, removed after).",
 )
 def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, workdir: str | None) -> None:
-    """The lsm store against a bare dict and raw LevelDB on the same data."""
+    """The lsm store's runs against the same columns written, decoded and searched bare."""
     from experiments.bench import lsm_bench
 
     tmp = workdir or tempfile.mkdtemp(prefix="nosync-bench-lsm-")
@@ -121,7 +122,13 @@ def _modes(value: str) -> list[str]:
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Zipf exponent of keys.")
 @click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept per mode.")
-@click.option("--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--interval-ms",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="abs's checkpoint interval and nosync's persistence interval alike.",
+)
 @click.option(
     "--slow-worker",
     "slow_ms",
@@ -133,7 +140,7 @@ def _modes(value: str) -> list[str]:
 )
 @master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
-def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, slow_ms, master, as_json) -> None:
+def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_ms, master, as_json) -> None:
     """keyed_count under each mode, with each mode's ratio to mode none, in one command."""
     from experiments.bench import compare
 
@@ -148,7 +155,7 @@ def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, slow
             skew=skew,
             reps=reps,
             master=master,
-            checkpoint_ms=checkpoint_ms,
+            interval_ms=interval_ms,
             slow_ms=slow_ms,
             progress=progress,
         ),
@@ -162,10 +169,16 @@ def bench_compare(modes, workers, records, keys, skew, reps, checkpoint_ms, slow
 @click.option("--workers", type=click.IntRange(min=2), default=2, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(2M, 4 x keys).")
-@click.option("--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--interval-ms",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="abs's checkpoint interval and nosync's persistence interval alike.",
+)
 @master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
-def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json) -> None:
+def bench_recovery(modes, workers, keys, records, interval_ms, master, as_json) -> None:
     """Kills one worker mid-run; prints recovery time and records reprocessed per mode."""
     from experiments.bench import recovery
 
@@ -175,7 +188,7 @@ def bench_recovery(modes, workers, keys, records, checkpoint_ms, master, as_json
     _report(
         "recovery",
         lambda progress: recovery.run(
-            picked, workers, keys, records=records, master=master, checkpoint_ms=checkpoint_ms, progress=progress
+            picked, workers, keys, records=records, master=master, interval_ms=interval_ms, progress=progress
         ),
         recovery.render,
         as_json,

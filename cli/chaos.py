@@ -41,6 +41,9 @@ from cli.common import master_option, parse_params
     "--persist-ms", type=click.IntRange(min=1), default=None, help="Passed to `nosync run` (default: its own)."
 )
 @click.option(
+    "--persist-budget", type=float, default=None, help="Passed to `nosync run` (default: its own)."
+)
+@click.option(
     "--replay-threshold-records",
     type=click.IntRange(min=1),
     default=None,
@@ -61,6 +64,7 @@ def chaos_cmd(
     checkpoint_ms,
     checkpoint_tier,
     persist_ms,
+    persist_budget,
     replay_threshold_records,
     master,
     timeout,
@@ -86,6 +90,7 @@ def chaos_cmd(
         "checkpoint_ms": checkpoint_ms,
         "checkpoint_tier": checkpoint_tier,
         "persist_ms": persist_ms,
+        "persist_budget": persist_budget,
         "replay_threshold_records": replay_threshold_records,
         "master": master,
     }

@@ -71,25 +71,34 @@ def lsm_demo(directory: str | None) -> None:
     say = click.echo
     words = "the quick brown fox jumps over the lazy dog the end".split()
     try:
-        store = lsm.Store(path, retention=100)
+        store = lsm.Store(path, retention=100, uploads=True)
         counts: dict[str, int] = {}
         for seq, word in enumerate(words):
             counts[word] = counts.get(word, 0) + 1
-            store.append(seq, [(word, counts[word])])
-        say(f"appended {len(words)} batches (seqs 0..{store.last_seq}) to {path}")
-        say(f"  count of 'the' now: {store.get('the')}, as of seq 3: {store.get('the', as_of=3)}")
+            store.append(seq, {"counts": {word: counts[word]}})
+        say(f"appended {len(words)} runs (seqs 0..{store.last_seq}) to {path}")
+        say(
+            f"  count of 'the' now: {store.get('counts', 'the')}, "
+            f"as of seq 3: {store.get('counts', 'the', as_of=3)}"
+        )
         durable = store.flush("disk")
         say(f"  durable on disk up to seq {durable}; remote up to seq {store.durable('remote')}")
-        store.append(store.last_seq + 1, [("the", 99), ("dog", lsm.TOMBSTONE)])
+        store.append(store.last_seq + 1, {"counts": {"the": 99, "dog": lsm.TOMBSTONE}})
         say("appended seq 11 (the=99, delete dog), then a simulated crash before it was flushed")
         store.abandon()
-        store = lsm.Store(path, retention=2)
-        say(f"  reopened: last seq {store.last_seq}, the={store.get('the')}, dog={store.get('dog')}")
+        store = lsm.Store(path, retention=2, uploads=True)
+        say(
+            f"  reopened: last seq {store.last_seq}, the={store.get('counts', 'the')}, "
+            f"dog={store.get('counts', 'dog')}"
+        )
         store.rollback(5)
-        say(f"rolled back to seq 5: {dict(store.scan())}")
+        say(f"rolled back to seq 5: {store.load('counts')}")
         store.flush("remote")
         report = store.compact()
-        say(f"compacted up to seq {report['horizon']}: {report['versions_dropped']} old versions dropped")
+        say(
+            f"merged up to seq {report['horizon']}: {report['merges']} merges, "
+            f"runs now {store.runs('counts')} ((first seq, last seq, keys) each)"
+        )
         sizes = store.disk_bytes()
         say(f"  bytes on disk: LevelDB {sizes['disk']}, log {sizes['log']}, remote {sizes['remote']}")
         store.close()

@@ -77,21 +77,29 @@ from cli.common import master_option, parse_params
     type=click.IntRange(min=1),
     default=200,
     show_default=True,
-    help="nosync: how often each worker snapshots its log at most (alone, no barrier).",
+    help="nosync: how often each worker snapshots its state at most (alone, no barrier); the budget stretches it.",
+)
+@click.option(
+    "--persist-budget",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="nosync: the share of a worker's time its persistence may take, in (0, 1]; past it, snapshots come "
+    "less often.",
 )
 @click.option(
     "--max-unpersisted-mb",
     type=click.IntRange(min=1),
     default=256,
     show_default=True,
-    help="nosync: bytes not yet durable (snapshots under way, frames since the last) above which sources wait.",
+    help="nosync: bytes appended and not yet durable (snapshots, lineage points) above which sources wait.",
 )
 @click.option(
     "--max-concurrent-snapshots",
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="nosync: snapshots being persisted at once (not yet durable or indexed); the next waits for one to be done.",
+    help="nosync: snapshots being persisted at once (not yet durable); the next waits for one to be done.",
 )
 @click.option(
     "--replay-threshold-records",
@@ -105,7 +113,7 @@ from cli.common import master_option, parse_params
     type=click.IntRange(min=1),
     default=64,
     show_default=True,
-    help="nosync: output-log MB held in memory; past it, frames already durable are read back from disk.",
+    help="nosync: output-log MB held in memory; past it, the oldest frames go to a local spill file.",
 )
 @click.option(
     "--resume",
@@ -130,6 +138,7 @@ def run_cmd(
     checkpoint_timeout_ms,
     max_restarts,
     persist_ms,
+    persist_budget,
     max_unpersisted_mb,
     max_output_log_mb,
     max_concurrent_snapshots,
@@ -183,6 +192,7 @@ def run_cmd(
             max_restarts=max_restarts,
             resume=resume,
             persist_ms=persist_ms,
+            persist_budget=persist_budget,
             max_unpersisted_mb=max_unpersisted_mb,
             max_output_log_mb=max_output_log_mb,
             max_concurrent_snapshots=max_concurrent_snapshots,

@@ -32,6 +32,7 @@ STEADY_FIELDS = (
     "checkpoint_ms_p50",
     "checkpoint_ms_p99",
     "checkpoint_bytes",
+    "bytes_persisted",
     "checkpoints_completed",
     "snapshots",
     "processing_s",
@@ -105,7 +106,7 @@ def steady(
         row = {f: s.get(f) for f in STEADY_FIELDS}
         if mode in ("none", "replay"):
             row["stall_ms_max"] = 0.0  # nothing of theirs ever holds an operator back
-            row["checkpoint_bytes"] = 0
+            row["checkpoint_bytes"] = row["bytes_persisted"] = 0
         row["stall_ms_by_operator"] = stall_by_operator(d, mode, s)
         return row
     finally:
@@ -211,6 +212,7 @@ def recovery(
             "restore_s": r.get("restore_s"),
             "detection_s": r.get("detection_s"),
             "records_reprocessed": r.get("records_reprocessed"),
+            "frames_replayed": r.get("frames_replayed"),
             "kill_missed": False,
             "killed_at_read": killed.get("at_read"),
             "killed_at_s": killed.get("at_s"),

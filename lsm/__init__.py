@@ -1,26 +1,27 @@
 """lsm: a log-structured, sequence-numbered, versioned state store.
 
 Every fault-tolerance mode of nosync keeps operator state here; the package knows nothing of
-dataflow. A store is written by batches, each tagged with a strictly increasing sequence number
-(`append(seq, updates)`), and read at any seq inside its retention window (`get(key, as_of=s)`,
-`scan(prefix, as_of=s)`): the state right after batch s. `rollback(s)` makes the store exactly
-what it was after s, on every tier.
+dataflow. A store holds named states. Each `append(seq, runs)`, at a strictly increasing seq,
+gives some states a **run**: their changed keys and values (deletions marked) as columns, each
+encoded by one msgpack call, with a sorted key-hash column; no Python runs per key on the
+caller's thread or in the background. Reads name a seq inside the retention window:
+`get(state, key, as_of=s)` binary-searches the state's runs newest first, skipping runs whose
+key-hash range cannot hold the key; `load(state, as_of=s)` applies the runs in order, each by
+`dict.update` over its decoded columns. `rollback(s)` makes the store exactly what it was
+after s, on every tier.
 
-Writes never wait on disk. `append` packs the batch into the active memtable and returns; a
-background persister moves frozen memtables down three tiers, each with its own durable point
-(`durable(level)`):
+Writes never wait on disk. A background persister encodes the runs, writes them to a local log
+of checksummed records (one write + fsync for everything appended since the last, so
+`durable("disk")` moves at the speed of a sequential write), then puts each run into LevelDB
+as one entry, and with uploads copies the log to the remote tier (Arrow IPC files through
+`pyarrow.fs`), from which an empty directory restores. A compactor merges a state's small runs
+into bigger ones in the background, at most a budgeted share of a core (the levels), keeping
+every version a read inside the retention window can see.
 
-- memory: memtables, frozen copy-on-write when full, on flush or on a snapshot;
-- disk: a local log of checksummed records (one write + fsync per flush: durability at the
-  speed of a sequential write), then LevelDB, where each version is an MVCC entry
-  `key | inverted seq`, so an as-of read is one seek;
-- remote: immutable Arrow IPC segments of the same records, written through `pyarrow.fs` (a
-  local directory by default; any URI it accepts), from which an empty directory restores.
-
-Compaction drops versions older than the retention horizon and writes base images so that no
-tier grows without bound. On open, a torn log tail is cut back to the last intact record;
-damage in the middle raises CorruptLogError with the file and offset. One process owns a
-store directory (StoreLockedError for the next). FORMAT.md defines every byte written.
+On open, a torn log tail is cut back to the last intact record; damage in the middle raises
+CorruptLogError with the file and offset, a damaged run with the store, state and seq. One
+process owns a store directory (StoreLockedError for the next). FORMAT.md defines every byte
+written, and its version (2).
 """
 
 from lsm.codec import TOMBSTONE
@@ -34,6 +35,7 @@ from lsm.errors import (
     SeqOrderError,
     StoreClosedError,
     StoreLockedError,
+    ValueEncodingError,
 )
 from lsm.store import Snapshot, Store, StoreOptions
 
@@ -51,4 +53,5 @@ __all__ = [
     "StoreClosedError",
     "StoreLockedError",
     "StoreOptions",
+    "ValueEncodingError",
 ]

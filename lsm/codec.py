@@ -1,14 +1,39 @@
-"""msgpack encoding of update batches and values (never pickle: these bytes land on disk).
+"""msgpack encoding of keys and values (never pickle: these bytes land on disk).
 
-A batch is a msgpack array of [key, value] pairs; a deletion's value is the extension type 1
-with empty data, decoded as `TOMBSTONE`. Arrays decode as tuples, so decoded keys are hashable.
+Values keep Python's container types apart. Plain msgpack has one array type and one map type,
+so a tuple saved and restored would come back a list, and a set could not be saved at all. Here
+a tuple, a set, a frozenset, a Counter and an OrderedDict are extension types holding the
+msgpack of their items; a list is a plain array, a dict a plain map, and decoding builds lists
+from arrays: what `unpack_values(pack_values(v))` returns behaves as `v` did (those types, and
+str, bytes, int, float, bool and None, nested). Other types are refused with a TypeError naming
+the type, subclasses of the types above included (a defaultdict's factory, a namedtuple's class,
+an enum cannot be written as data), except bytearray and memoryview, which come back as bytes.
+A deletion is the extension type 1 with empty data, decoded as `TOMBSTONE`.
+
+Keys are None, ints, str, bytes and tuples of them (`keys.py`); a key column decodes arrays as
+tuples, so that decoded keys are hashable and a list key is the tuple key. `key_hash` is the
+xxh3-64 of a key's own msgpack bytes: stable across processes and Python versions (Python's
+`hash` of a str is not), and computed for a whole column with C calls only.
+
+A column is packed by one call, so a run's columns cost C time, not Python time per key.
 """
 
 from __future__ import annotations
 
+import collections
+import threading
+from typing import Any
+
 import msgpack
+import numpy as np
+import xxhash
 
 TOMBSTONE_EXT = 1
+TUPLE_EXT = 2
+SET_EXT = 3
+FROZENSET_EXT = 4
+COUNTER_EXT = 5
+ORDERED_DICT_EXT = 6
 
 
 class _Tombstone:
@@ -25,40 +50,123 @@ TOMBSTONE = _Tombstone()
 """The value of an update that deletes its key."""
 
 _TOMB_EXT = msgpack.ExtType(TOMBSTONE_EXT, b"")
+_ARRAYS = {tuple: TUPLE_EXT, set: SET_EXT, frozenset: FROZENSET_EXT}
+_MAPS = {collections.Counter: COUNTER_EXT, collections.OrderedDict: ORDERED_DICT_EXT}
+_BUILD = {
+    TUPLE_EXT: tuple,
+    SET_EXT: set,
+    FROZENSET_EXT: frozenset,
+    COUNTER_EXT: collections.Counter,
+    ORDERED_DICT_EXT: collections.OrderedDict,
+}
 
 
 def _default(obj: object) -> object:
     if obj is TOMBSTONE:
         return _TOMB_EXT
-    raise TypeError(f"cannot store a value of type {type(obj).__name__}: {obj!r:.80}")
+    t = type(obj)
+    code = _ARRAYS.get(t)
+    if code is not None:
+        return msgpack.ExtType(code, _nested(list(obj)))
+    code = _MAPS.get(t)
+    if code is not None:
+        return msgpack.ExtType(code, _nested(dict(obj)))
+    raise TypeError(f"cannot store a value of type {t.__name__}: {obj!r:.80}")
+
+
+def _nested(obj: object) -> bytes:
+    """The bytes of a container's items, packed while the outer packer is mid-way: with a
+    packer of the next depth (a Packer keeps its buffer until its call returns)."""
+    stack = _local.__dict__.setdefault("nested", [])
+    depth = _local.__dict__.get("depth", 0)
+    if depth == len(stack):
+        stack.append(msgpack.Packer(default=_default, use_bin_type=True, strict_types=True))
+    _local.depth = depth + 1
+    p = stack[depth]
+    try:
+        return p.pack(obj)
+    except BaseException:
+        p.reset()
+        raise
+    finally:
+        _local.depth = depth
 
 
 def _ext_hook(code: int, data: bytes) -> object:
     if code == TOMBSTONE_EXT:
         return TOMBSTONE
-    return msgpack.ExtType(code, data)
+    build = _BUILD.get(code)
+    if build is None:
+        raise ValueError(f"unknown extension type {code} in a stored value")
+    return build(unpack_values(data))
 
 
-def make_packer() -> msgpack.Packer:
-    """A packer for one thread: a Packer is not safe to share, it keeps its buffer between calls."""
-    return msgpack.Packer(default=_default, use_bin_type=True)
+_local = threading.local()
 
 
-def pack(obj: object) -> bytes:
-    """msgpack bytes of `obj` (tombstones included), with a packer of its own."""
-    return msgpack.packb(obj, default=_default, use_bin_type=True)
+def _packer() -> msgpack.Packer:
+    """The value packer of this thread (a Packer keeps a buffer between calls: not shareable)."""
+    p = getattr(_local, "values", None)
+    if p is None:
+        p = _local.values = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
+    return p
 
 
-def unpack(data: bytes) -> object:
-    """Decodes bytes written by `pack`/`pack_batch`."""
+def _key_packer() -> msgpack.Packer:
+    p = getattr(_local, "keys", None)
+    if p is None:
+        p = _local.keys = msgpack.Packer(use_bin_type=True)
+    return p
+
+
+def pack_values(value: Any) -> bytes:
+    """The bytes of `value` (a column is a list of values); TypeError for a type that cannot
+    be stored."""
+    p = _packer()
+    try:
+        return p.pack(value)
+    except BaseException:
+        p.reset()
+        raise
+
+
+def unpack_values(data: bytes) -> Any:
+    """The value `pack_values` wrote: lists as lists, tuples as tuples, TOMBSTONE for a deletion."""
+    return msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+
+
+def pack_keys(keys: Any) -> bytes:
+    """The bytes of a key column (or of one key)."""
+    p = _key_packer()
+    try:
+        return p.pack(keys)
+    except BaseException:
+        p.reset()
+        raise
+
+
+def unpack_keys(data: bytes) -> Any:
+    """A key column (or one key) as `pack_keys` wrote it, arrays as tuples."""
+    return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False)
+
+
+def key_hash(key: Any) -> int:
+    """The key's hash as the runs store it: xxh3-64 of its msgpack bytes."""
+    return xxhash.xxh3_64_intdigest(pack_keys(key))
+
+
+def key_hashes(keys: Any) -> np.ndarray:
+    """`key_hash` of every key of a column, as uint64, by C calls only."""
+    return np.fromiter(
+        map(xxhash.xxh3_64_intdigest, map(_key_packer().pack, keys)), dtype=np.uint64, count=len(keys)
+    )
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack bytes of a small structure (metadata), tombstones included."""
+    return pack_values(obj)
+
+
+def unpack(data: bytes) -> Any:
+    """Decodes bytes written by `pack`, arrays as tuples (hashable, for metadata and keys)."""
     return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False, ext_hook=_ext_hook)
-
-
-def pack_value(value: object) -> bytes:
-    """A value as stored on the disk tier: empty bytes for a tombstone, else msgpack."""
-    return b"" if value is TOMBSTONE else pack(value)
-
-
-def unpack_value(data: bytes) -> object:
-    """The inverse of `pack_value`."""
-    return TOMBSTONE if not data else unpack(data)

@@ -1,18 +1,24 @@
-"""Compaction: merge the layers, drop what the retention window no longer needs.
+"""Merges: the LSM levels, and what the retention window no longer needs.
 
-Horizon h = min(last seq - retention, pinned snapshots, what the disk tier has indexed). One
-compaction
-1. drops, on the disk tier, every version no read at or after h can see (per key: all
-   versions above h, plus the newest at or below h unless it is a deletion);
-2. writes a base image of the state at h to the remote tier and deletes the remote log
-   segments it makes redundant (so the remote tier stays bounded as well);
-3. deletes local log segments that are uploaded and entirely at or below h;
-4. (a full compaction, `Store.compact()`) has LevelDB rewrite its files so deleted versions
-   give their space back.
+Each `append` gives a state one small run (level 0). A load applies every run of the state, so
+runs are merged, in the background and as resources permit, into fewer, bigger ones:
 
-It runs on a thread of its own, beside the persister: LevelDB takes concurrent writers, and
-versions indexed meanwhile are all above h, so neither can disturb the other. Rollback takes
-`lock` to keep compaction out while it rewrites history.
+- size-tiered: a state's newest runs, while each is at most `merge_fanout` times the smallest
+  of them, are merged into one once there are `merge_fanout` of them; the merged run keeps every
+  version a read at or after the retention horizon can see (its history block), and its
+  latest block is what a load applies;
+- retention: the runs entirely at or below the horizon h = min(last seq - retention, pinned
+  snapshots, what is indexed) are folded into one base run that keeps no version a read at or
+  after h cannot see, and no deletion when nothing older is left (the horizon is made durable
+  first, so a read below it is refused before any version goes);
+- with uploads, a base image of every state at h goes to the remote tier, and the remote log
+  segments it makes redundant are deleted; local log segments that are indexed (and uploaded)
+  are deleted.
+
+Merges run on a thread of their own, beside the persister: LevelDB takes concurrent writers,
+and a merge replaces its runs in one write batch. After a merge that took c seconds of CPU the
+thread rests c * (1/budget - 1) seconds, so merges take at most `budget` of a core. Rollback
+takes `lock` to keep merges out while it rewrites history.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from lsm.run import RunView, image, merge
+
 if TYPE_CHECKING:
+    from lsm.disk import RunRef
     from lsm.store import Store
 
 
@@ -31,10 +40,48 @@ class Compactor:
         self.lock = threading.Lock()
         self.busy = False
         self._thread: threading.Thread | None = None
+        self._rest_until = 0.0
+        self._stopping = False
         self.last_report: dict = {}
 
+    # -- when -------------------------------------------------------------------
+
+    def _plans(self, horizon: int) -> list[tuple[bytes, list, bool, bool]]:
+        """The merges the catalog calls for: (state, runs, base, fold) each."""
+        s = self.s
+        fanout = max(2, s.options.merge_fanout)
+        out = []
+        for sb, refs in s._catalog.items():
+            old = [r for r in refs if r.hi <= horizon]
+            if len(old) >= 2 or (old and (old[0].nhist or old[0].ndel)):
+                out.append((sb, old, True, True))
+                continue
+            rest = list(refs[len(old) :])
+            group: list = []
+            smallest = None
+            for r in reversed(rest):
+                size = max(1, r.nbytes)
+                if smallest is not None and size > fanout * smallest:
+                    break
+                group.append(r)
+                smallest = size if smallest is None else min(smallest, size)
+            if len(group) >= fanout:
+                group.reverse()
+                out.append((sb, group, group[0] is refs[0], False))
+        return out
+
+    def due(self) -> bool:
+        """Whether a merge is called for and may start now. REQUIRES: store._lock held."""
+        s = self.s
+        if self.busy or self._stopping or s.options.budget <= 0 or time.monotonic() < self._rest_until:
+            return False
+        return bool(self._plans(s.compaction_horizon()))
+
+    def indexed(self, refs: list[RunRef]) -> None:
+        """The persister indexed new runs (nothing to do but to be asked again)."""
+
     def request(self) -> None:
-        """Starts a background compaction unless one is running."""
+        """Starts background merges unless they are running."""
         if self.busy:
             return
         self.busy = True
@@ -42,55 +89,110 @@ class Compactor:
         self._thread.start()
 
     def _background(self) -> None:
+        s = self.s
         try:
+            t0 = time.thread_time()
             self.run(full=False)
+            cpu = time.thread_time() - t0
+            budget = s.options.budget
+            if budget < 1:
+                self._rest_until = time.monotonic() + cpu * (1 / budget - 1)
         except Exception as e:  # noqa: BLE001 - reported as the store's error, retried later
             from lsm.errors import PersistError
 
-            s = self.s
             with s._cond:
                 s._error = e if isinstance(e, PersistError) else PersistError("disk", s.path, e)
                 s._failures += 1
                 s._cond.notify_all()
         finally:
             self.busy = False
+            with s._cond:
+                s._cond.notify_all()
+
+    # -- what -------------------------------------------------------------------
 
     def run(self, full: bool) -> dict:
-        """One compaction; returns what it did."""
+        """The merges the runs call for now (with `full`, every state's runs at or below the
+        horizon folded, and LevelDB's files rewritten); returns what it did."""
         s = self.s
         with self.lock:
             start = time.perf_counter()
+            t0 = time.thread_time()
             h = s.compaction_horizon()
-            report = {"horizon": h, "versions_dropped": 0, "base_image": None, "log_bytes_freed": 0}
+            report = {"horizon": h, "merges": 0, "merged_bytes": 0, "base_image": None, "log_bytes_freed": 0}
             if h > s._disk.horizon:
-                report["versions_dropped"] = s._disk.collect(h)
+                s._disk.set_horizon(h)
+            with s._cond:
+                plans = self._plans(h)
+            for sb, refs, base, fold in plans:
+                if self._stopping:
+                    break
+                self._merge(sb, refs, h if fold else s._disk.horizon, base, report)
             if full:
                 s._disk.compact_files()
-            remote = s.remote
-            stale = [f for f in remote.files if not f.base and f.last <= h]
-            base = remote.base
-            if h >= 0 and (stale or (full and (base is None or base.last < h))):
-                keys, values = s._disk.image(h)
-                with s._tier_lock:
-                    remote.write_base(h, keys, values)
-                    for f in list(remote.files):
-                        if (f.base and f.last < h) or (not f.base and f.last <= h):
-                            remote.delete(f)
-                    with s._cond:
-                        s._durable_remote = remote.durable()
-                report["base_image"] = {"seq": h, "keys": len(keys)}
+            if s.options.uploads:
+                self._base_image(h, full, report)
             with s._tier_lock:
-                report["log_bytes_freed"] = s._log.drop_through(
-                    min(s._durable_remote, s._disk.horizon, s._disk.applied)
-                )
-            with s._cond:
-                s.stats.compactions += 1
-                s.stats.versions_dropped += report["versions_dropped"]
+                before = s._log.disk_bytes()
+                s._persister.drop_log()
+                report["log_bytes_freed"] = before - s._log.disk_bytes()
+            s.stats.merge_cpu_s += time.thread_time() - t0
             report["seconds"] = time.perf_counter() - start
             self.last_report = report
             return report
 
+    def _merge(self, sb: bytes, refs: list, horizon: int, base: bool, report: dict) -> None:
+        s = self.s
+        views = [self._view(r) for r in refs]
+        data = merge(views, horizon, base)
+        with s._tier_lock:
+            (ref,) = s._disk.write([(sb, data)], removed=refs)
+            with s._cond:
+                gone = {r.hi for r in refs}
+                kept = [r for r in s._catalog.get(sb, ()) if r.hi not in gone]
+                s._catalog[sb] = tuple(sorted([*kept, ref], key=lambda r: r.hi))
+                for r in refs:
+                    s._views.pop((r.state, r.lo, r.hi), None)
+                s._publish_locked()
+                s.stats.merges += 1
+                s.stats.merged_bytes += len(data)
+                s.stats.versions_dropped += sum(r.n + r.nhist for r in refs) - (ref.n + ref.nhist)
+        report["merges"] += 1
+        report["merged_bytes"] += len(data)
+
+    def _view(self, ref: RunRef) -> RunView:
+        data = self.s._disk.read(ref)
+        from lsm.keys import decode_key
+
+        return RunView(data, f"{self.s.path}: run of state {decode_key(ref.state)[0]!r} at seq {ref.hi}")
+
+    def _base_image(self, h: int, full: bool, report: dict) -> None:
+        """Writes the state of every state at `h` to the remote tier when remote log segments
+        at or below it are there to be dropped (or `full` asks), then drops them."""
+        s = self.s
+        remote = s.remote
+        stale = [f for f in remote.files if not f.base and f.last <= h]
+        base = remote.base
+        if h < 0 or not (stale or (full and (base is None or base.last < h))):
+            return
+        with s._cond:
+            catalog = dict(s._catalog)
+        rows = []
+        for sb, refs in catalog.items():
+            below = [r for r in refs if r.lo <= h]
+            if below:
+                rows.append((sb, image([self._view(r) for r in below], h)))
+        with s._tier_lock:
+            remote.write_base(h, rows)
+            for f in list(remote.files):
+                if (f.base and f.last < h) or (not f.base and f.last <= h):
+                    remote.delete(f)
+            with s._cond:
+                s._durable_remote = remote.durable()
+        report["base_image"] = {"seq": h, "states": len(rows)}
+
     def stop(self) -> None:
+        self._stopping = True
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
             t.join()

@@ -16,7 +16,7 @@ class StoreLockedError(LsmError):
 
 
 class CorruptLogError(LsmError):
-    """A record in the middle of a log segment failed its checksum or framing."""
+    """A record in the middle of a log segment, or a run, failed its checksum or framing."""
 
     def __init__(self, path: str, offset: int, reason: str) -> None:
         super().__init__(f"corrupt log record in {path} at offset {offset}: {reason}")
@@ -48,6 +48,17 @@ class RetentionError(LsmError):
 
 class KeyEncodingError(LsmError):
     """A key is not of a type the store can order (None, bool, int64, float, str, bytes, tuples)."""
+
+
+class ValueEncodingError(LsmError):
+    """A value of an append cannot be stored: its type has no encoding (FORMAT.md)."""
+
+    def __init__(self, where: str, state: object, key: object, value: object, cause: BaseException) -> None:
+        super().__init__(f"{where}: the value of key {key!r:.60} cannot be stored: {cause}")
+        self.state = state
+        self.key = key
+        self.type_name = type(value).__name__
+        self.cause = cause
 
 
 class PersistError(LsmError):

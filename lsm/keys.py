@@ -82,6 +82,23 @@ def check_keys(updates: list | tuple) -> None:
             raise KeyEncodingError(f"update {i}: {e}") from None
 
 
+def check_key_column(keys: list | tuple) -> bool:
+    """Raises KeyEncodingError naming the first key of a column that is not a store key.
+    True when every key is flat or a tuple of flat keys (the common case, checked by a set
+    comprehension or two); False when some key holds a list, which is a tuple as a key."""
+    types = set(map(type, keys))
+    if types <= KEY_TYPES:
+        return True
+    if types <= _FLAT_OR_TUPLE and {type(x) for k in keys if type(k) is tuple for x in k} <= KEY_TYPES:
+        return True
+    for i, key in enumerate(keys):
+        try:
+            encode_key(key)
+        except KeyEncodingError as e:
+            raise KeyEncodingError(f"key {i}: {e}") from None
+    return False
+
+
 def encode_prefix(prefix: object) -> bytes:
     """The byte prefix shared by the encodings of every key that starts with `prefix`.
 

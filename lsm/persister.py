@@ -1,19 +1,20 @@
-"""The persister: the store's background half, moving frozen memtables down the tiers.
+"""The persister: the store's background half, moving appended runs down the tiers.
 
 One step at a time, each under the store's tier lock, in this order of priority:
 
-1. log: write every frozen memtable not yet logged to the local log, one write + fsync for
-   all of them; `durable("disk")` advances;
-2. index: put the oldest logged memtable's updates into LevelDB, then drop it from memory
-   (this is what frees the memory bound);
+1. encode and log: every batch not yet logged is encoded (its runs' hash columns computed and
+   sorted, its keys packed) and written to the local log, one write + fsync for all of them;
+   `durable("disk")` advances;
+2. index: put the logged batches' runs into LevelDB, one write batch, then drop them from
+   memory (this is what frees the memory bound);
 3. upload: seal the current log segment when it is full, old, or a flush asks, and upload the
-   sealed records the remote tier lacks; `durable("remote")` advances;
-4. compact: after `compact_every_updates` indexed updates, hand compaction to its thread.
+   sealed records the remote tier lacks; `durable("remote")` advances (only with uploads);
+4. merge: hand merges to the compactor's thread when a state's runs call for one.
 
 The API thread never waits for a step, only for durability it asked for (flush, snapshot
 wait) or for memory under the bound. A failing step (ENOSPC, EIO, an unreachable remote) is
-recorded as the store's `error`, counted, and retried with backoff; the memtables it was
-writing stay in memory, so nothing is lost, and the next successful step clears the error.
+recorded as the store's `error`, counted, and retried with backoff; the runs it was writing
+stay in memory, so nothing is lost, and the next successful step clears the error.
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from lsm.codec import pack_keys
 from lsm.compaction import Compactor
 from lsm.errors import PersistError
+from lsm.run import PendingRun
 
 if TYPE_CHECKING:
-    from lsm.store import Store
+    from lsm.store import Batch, Store
 
 MAX_BACKOFF_S = 1.0
+
+
+def encoded_runs(batch: Batch) -> dict[bytes, bytes]:
+    """The bytes of each run of a batch (encoding the ones appended here)."""
+    return {sb: r.encode() if isinstance(r, PendingRun) else r.data for sb, r in batch.runs.items()}
 
 
 class Persister(threading.Thread):
@@ -37,8 +45,9 @@ class Persister(threading.Thread):
         self.s = store
         self._stopping = False
         self._backoff = 0.0
-        self._indexed_since_compact = 0
         self._seal_target = -1
+        self._encoded: dict[int, dict[bytes, bytes]] = {}
+        """seq -> its runs' bytes, from encoding until indexing."""
         self.compactor = Compactor(store)
 
     # -- the loop ---------------------------------------------------------------
@@ -48,45 +57,36 @@ class Persister(threading.Thread):
         while True:
             with s._cond:
                 while not self._stopping:
-                    self._freeze_by_age_locked()
                     if self._due_locked():
                         break
                     s._cond.wait(self._tick())
                 if self._stopping:
                     return
             level = "disk"
+            t0 = time.thread_time()
             try:
                 with s._tier_lock:
                     level = self._step()
             except Exception as e:  # noqa: BLE001 - the thread must not die: the error surfaces to callers
                 self._fail(level, e)
                 continue
+            finally:
+                s.stats.persist_cpu_s += time.thread_time() - t0
             if s._error is not None:
                 with s._cond:
                     s._error = None
             self._backoff = 0.0
 
     def _tick(self) -> float:
-        o = self.s.options
-        return max(0.005, min(o.flush_interval_s, o.seal_interval_s) / 2)
-
-    def _freeze_by_age_locked(self) -> None:
-        s = self.s
-        m = s._active
-        if m.batches and time.monotonic() - m.created >= s.options.flush_interval_s:
-            s._freeze_locked()
+        return max(0.005, self.s.options.seal_interval_s / 2)
 
     def _due_locked(self) -> bool:
         s = self.s
-        if s._frozen:
+        if s._batches:
             return True
         if self._upload_due():
             return True
-        return self._compaction_due()
-
-    def _compaction_due(self) -> bool:
-        every = self.s.options.compact_every_updates
-        return bool(every) and self._indexed_since_compact >= every and not self.compactor.busy
+        return self.compactor.due()
 
     def _upload_due(self) -> bool:
         log = self.s._log
@@ -114,49 +114,64 @@ class Persister(threading.Thread):
         """One unit of work; returns the level it wrote (for error reports)."""
         s = self.s
         with s._cond:
-            pending = [b for m in s._frozen for b in m.batches if b[0] > s._logged]
-            oldest = s._frozen[0] if s._frozen else None
-        if pending:
-            self._log_batches(pending)
+            batches = list(s._batches)
+            logged = s._logged
+        unlogged = [b for b in batches if b.seq > logged]
+        if unlogged:
+            self._log_batches(unlogged)
             return "disk"
-        if oldest is not None and oldest.last <= s._logged:
-            self._index(oldest)
+        if batches:
+            self._index(batches)
             return "disk"
         if self._upload_due():
             try:
                 self._upload()
             except Exception as e:  # noqa: BLE001
-                # The caller cannot see this step's return value: name the level here.
+                # the caller cannot see this step's return value: name the level here
                 raise PersistError("remote", s.path, e) from e
             return "remote"
-        if self._compaction_due():
-            self._indexed_since_compact = 0
+        if self.compactor.due():
             self.compactor.request()
         return "disk"
 
-    def _log_batches(self, batches: list[tuple[int, bytes]]) -> None:
+    def _log_batches(self, batches: list[Batch]) -> None:
         s = self.s
-        s._log.append(batches)
+        records = []
+        for b in batches:
+            runs = self._encoded.get(b.seq)
+            if runs is None:
+                runs = self._encoded[b.seq] = encoded_runs(b)
+            if b.body is None:
+                b.body = pack_keys(runs)
+            records.append((b.seq, b.body))
+        s._log.append(records)
         with s._cond:
-            s._logged = batches[-1][0]
+            s._logged = max(s._logged, batches[-1].seq)
             s._durable_disk = max(s._durable_disk, s._logged)
-            s.stats.logged_bytes += sum(len(p) for _, p in batches)
+            s.stats.logged_bytes += sum(len(p) for _, p in records)
             s._cond.notify_all()
 
-    def _index(self, m) -> None:
+    def _index(self, batches: list[Batch]) -> None:
+        """Puts the runs of logged batches into LevelDB (one write batch), then lets them go."""
         s = self.s
-        batches = [b for b in m.batches if b[0] > s._disk.applied]
-        if batches:
-            s._disk.apply(batches)
+        added = []
+        for b in batches:
+            runs = self._encoded.pop(b.seq, None)
+            if runs is None:
+                runs = encoded_runs(b)
+            added.extend(runs.items())
+        last = batches[-1].seq
+        refs = s._disk.write(added, applied=last) if last > s._disk.applied else []
         with s._cond:
-            if s._frozen and s._frozen[0] is m:
-                s._frozen.pop(0)
-                s._mem_updates -= m.updates
-            s._gen += 1
+            for ref in refs:
+                s._catalog[ref.state] = (*s._catalog.get(ref.state, ()), ref)
+            done = {id(b) for b in batches}
+            s._batches = [b for b in s._batches if id(b) not in done]
+            s._mem_bytes = sum(b.nbytes for b in s._batches)
             s._publish_locked()
-            s.stats.indexed_updates += m.updates
+            s.stats.indexed_runs += len(refs)
             s._cond.notify_all()
-        self._indexed_since_compact += m.updates
+        self.compactor.indexed(refs)
 
     def _current_due(self) -> bool:
         """Whether the segment being written should be sealed now (full, old, or asked for)."""
@@ -188,7 +203,16 @@ class Persister(threading.Thread):
             s._durable_remote = s.remote.durable()
             s.stats.uploaded_bytes += sum(len(r.packed) for r in records)
             s._cond.notify_all()
-        log.drop_through(min(s._durable_remote, s._disk.horizon, s._disk.applied))
+        self.drop_log()
+
+    def drop_log(self) -> None:
+        """Deletes the local log segments nothing needs any more: indexed, and uploaded when
+        the store uploads. REQUIRES: tier lock held."""
+        s = self.s
+        upto = s._disk.applied
+        if s.options.uploads:
+            upto = min(upto, s._durable_remote)
+        s._log.drop_through(upto)
 
     # -- requests from the API thread -----------------------------------------------
 
@@ -197,17 +221,19 @@ class Persister(threading.Thread):
         self._seal_target = max(self._seal_target, target)
 
     def drain_index(self) -> None:
-        """Waits until every frozen memtable is indexed on the disk tier."""
+        """Waits until every appended batch is indexed on the disk tier."""
         s = self.s
         with s._cond:
-            s._freeze_locked()
-            while s._frozen:
+            while s._batches:
                 if s._error is not None:
                     raise s._error
+                s._cond.notify_all()
                 s._cond.wait(0.05)
 
-    def compact(self, full: bool) -> dict:
-        return self.compactor.run(full)
+    def forget_encoded(self, above: int) -> None:
+        """Drops the encodings of batches above `above` (a rollback dropped them)."""
+        for seq in [q for q in self._encoded if q > above]:
+            del self._encoded[seq]
 
     def stop(self) -> None:
         s = self.s

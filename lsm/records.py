@@ -5,7 +5,7 @@ A segment is a file header followed by records. Each record is
     magic "LSMR" | length u32 LE | checksum u64 LE | payload (length bytes)
 
 with checksum = xxh3_64(payload, seed=length), so a damaged length is caught as surely as a
-damaged payload, and payload = seq u64 LE + the msgpack-encoded update batch. The magic lets the
+damaged payload, and payload = seq u64 LE + the runs of that seq (FORMAT.md). The magic lets the
 reader look past a damaged record for intact ones, which is how it tells a torn tail (nothing
 valid after the damage: cut it) from corruption in the middle (valid records after it: raise
 CorruptLogError, never skip). FORMAT.md has the byte layout.
@@ -20,7 +20,7 @@ import xxhash
 
 from lsm.errors import CorruptLogError, FormatVersionError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SEGMENT_MAGIC = b"NSLSMLOG"
 SEGMENT_HEADER = struct.Struct("<8sII")
 RECORD_MAGIC = b"LSMR"
@@ -38,7 +38,7 @@ def segment_header() -> bytes:
 
 
 def encode_record(seq: int, packed_updates: bytes) -> bytes:
-    """One framed record holding the update batch of `seq`."""
+    """One framed record holding the runs of `seq` (their encoded body)."""
     payload = SEQ.pack(seq) + packed_updates
     n = len(payload)
     return RECORD_HEADER.pack(RECORD_MAGIC, n, _hash(payload, n)) + payload

@@ -8,8 +8,8 @@ Two kinds of file, both immutable once written (FORMAT.md has the schemas):
   local log's records, so a segment can be checked record by record and turned back into a log.
   Seqs need not be consecutive, so the name carries the range covered, not the seqs present:
   segments chain when one starts right after the previous one ends;
-- base images `base-{seq:020d}.arrow`: every live key's value as of `seq`, written by
-  compaction so that the log segments at or below `seq` can be deleted.
+- base images `base-{seq:020d}.arrow`: every state as of `seq`, one run each (`run.image`),
+  written by compaction so that the log segments at or below `seq` can be deleted.
 
 A file is written under a temporary name and then moved into place, so a listing never shows
 half a segment. `durable("remote")` is the highest seq up to which base + segments leave no gap.
@@ -36,7 +36,7 @@ LOG_SCHEMA = pa.schema(
     metadata={b"nosync.lsm.format": str(FORMAT_VERSION).encode(), b"kind": b"log"},
 )
 BASE_SCHEMA = pa.schema(
-    [("key", pa.binary()), ("value", pa.binary())],
+    [("state", pa.binary()), ("run", pa.binary())],
     metadata={b"nosync.lsm.format": str(FORMAT_VERSION).encode(), b"kind": b"base"},
 )
 
@@ -161,10 +161,10 @@ class RemoteTier:
             out.append(Record(seq, row, payload[SEQ.size :]))
         return out
 
-    def write_base(self, seq: int, keys: list[bytes], values: list[bytes]) -> RemoteFile:
-        """Writes a base image: encoded keys and packed values of every live key as of `seq`."""
+    def write_base(self, seq: int, rows: list[tuple[bytes, bytes]]) -> RemoteFile:
+        """Writes a base image: (encoded state name, run bytes) of every state as of `seq`."""
         table = pa.table(
-            {"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary())},
+            {"state": pa.array([r[0] for r in rows], pa.binary()), "run": pa.array([r[1] for r in rows], pa.binary())},
             schema=BASE_SCHEMA,
         )
         name = f"base-{seq:020d}.arrow"
@@ -173,9 +173,10 @@ class RemoteTier:
         self._add(f)
         return f
 
-    def read_base(self, f: RemoteFile) -> tuple[list[bytes], list[bytes]]:
+    def read_base(self, f: RemoteFile) -> list[tuple[bytes, bytes]]:
+        """The (state, run bytes) rows of a base image; each run is checked when it is read."""
         table = self._read_table(f, b"base")
-        return table.column("key").to_pylist(), table.column("value").to_pylist()
+        return list(zip(table.column("state").to_pylist(), table.column("run").to_pylist(), strict=True))
 
     def _add(self, f: RemoteFile) -> None:
         """Lists a file just written; a rewrite of the same name replaces its entry."""

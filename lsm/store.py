@@ -1,17 +1,18 @@
-"""The store: the write path, the read path, rollback, snapshots, and opening a directory.
+"""The store: the write path, the read path, rollback, and opening a directory.
 
-One thread calls the store's methods (the API thread); one background thread, the persister
-(persister.py), moves frozen memtables down the tiers. They share state under two locks:
+A store holds named states (an operator's keyed state, a worker's metadata...). Each `append`
+at a new seq gives some of them a run: the changed keys and their values as columns, deletions
+marked. One thread calls the store's methods (the API thread); one background thread, the
+persister (persister.py), encodes the runs, logs them, indexes them and uploads them; another,
+the compactor (compaction.py), merges runs. They share state under two locks:
 
-- `_lock` (with the condition `_cond`) guards the memtable list, the read view and the
-  counters; it is held for microseconds, never across I/O;
+- `_lock` (with the condition `_cond`) guards the batches not yet indexed, the read view and
+  the counters; it is held for microseconds, never across I/O;
 - `_tier_lock` guards the log, the disk tier and the remote tier; the persister holds it for
   one step at a time, and rollback/compact/close take it to act on the tiers themselves.
 
-Readers never lock: `_view` is one tuple (memtables newest first, disk generation) replaced
-whole. A memtable leaves the view only after LevelDB holds its updates, and the generation
-changes with it, which tells the reader to take a fresh LevelDB iterator (an iterator sees
-LevelDB as it was when it was made).
+Readers never lock: `_view` is one tuple (batches not yet indexed, the disk tier's catalog, a
+LevelDB snapshot) replaced whole. A batch leaves the view only after LevelDB holds its runs.
 
 Directory layout: LOCK, MANIFEST, log/ (segments), disk/ (LevelDB), and by default remote/
 (the remote tier when no URI is given).
@@ -23,12 +24,14 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from lsm import files
-from lsm.codec import TOMBSTONE, make_packer, unpack
-from lsm.disk import DiskTier
+from lsm.codec import TOMBSTONE, key_hash, pack_keys, pack_values, unpack_keys
+from lsm.disk import DiskTier, RunRef
 from lsm.errors import (
     KeyEncodingError,
     LsmError,
@@ -37,73 +40,91 @@ from lsm.errors import (
     SeqOrderError,
     StoreClosedError,
     StoreLockedError,
+    ValueEncodingError,
 )
-from lsm.keys import KEY_TYPES, MAX_SEQ, check_keys, decode_items, decode_key, encode_key, encode_prefix
+from lsm.keys import KEY_TYPES, MAX_SEQ, check_key_column, decode_key, encode_key
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
-from lsm.memtable import MISSING, Memtable
 from lsm.records import Record
 from lsm.remote import RemoteTier
+from lsm.run import MISSING, PendingRun, RunView
 
 LEVELS = ("memory", "disk", "remote")
 DEFAULT_REMOTE = ""
 """The manifest's name for the default remote tier, `<store>/remote`: kept relative, so a copied
 store directory does not write to the original's remote tier."""
+VIEW_CACHE_BYTES = 512 << 20
 
 
 @dataclass
 class StoreOptions:
-    """Tuning of one store. Sizes count updates (key/value pairs) unless named bytes."""
+    """Tuning of one store."""
 
     retention: int = 10_000
-    """Versions newer than `last seq - retention` survive compaction: the as-of/rollback window."""
-    memtable_updates: int = 65_536
-    """A memtable freezes (and goes to the persister) when it holds this many updates."""
-    memory_updates: int = 1 << 20
-    """Memory bound: `append` waits (backpressure, counted in stats) while more updates than
-    this are in memory, not yet indexed on the disk tier."""
-    flush_interval_s: float = 0.2
-    """A non-empty memtable older than this is frozen, so durability never lags much more."""
+    """Versions a read as of `last seq - retention` or later can see survive merges: the
+    as-of/rollback window."""
+    memory_bytes: int = 1 << 30
+    """Memory bound: `append` waits (backpressure, counted in stats) while runs of more bytes
+    than this are in memory, not yet indexed on the disk tier."""
     segment_bytes: int = 64 << 20
     """A log segment is sealed (and uploaded) at this size."""
     seal_interval_s: float = 5.0
     """A non-empty log segment older than this is sealed and uploaded."""
-    compact_every_updates: int = 8 << 20
-    """The persister runs compaction after indexing this many updates (0: never by itself)."""
-    uploads: bool = True
-    """False: nothing goes to the remote tier (a copy of a store, opened to be read)."""
+    merge_fanout: int = 4
+    """A state's newest runs are merged into one once this many of them together are no
+    bigger than the run below them (size-tiered levels)."""
+    budget: float = 1.0
+    """The share of one core merges may take: after a merge that took c seconds of CPU, the
+    compactor rests c * (1/budget - 1) seconds. 0 or less: no merges on their own."""
+    uploads: bool = False
+    """Whether runs go to the remote tier at all (only a store whose tier is remote)."""
 
 
 @dataclass
 class StoreStats:
+    appended_runs: int = 0
     appended_updates: int = 0
+    appended_bytes: int = 0
     logged_bytes: int = 0
-    indexed_updates: int = 0
+    indexed_runs: int = 0
     uploaded_bytes: int = 0
     backpressure_s: float = 0.0
-    compactions: int = 0
+    persist_cpu_s: float = 0.0
+    merges: int = 0
+    merged_bytes: int = 0
+    merge_cpu_s: float = 0.0
     versions_dropped: int = 0
     persist_errors: int = 0
     extra: dict = field(default_factory=dict)
 
 
-class Snapshot:
-    """A consistent view of the store as of `seq`, pinned against compaction until released.
+class Batch:
+    """The runs of one seq, from `append` until LevelDB holds them."""
 
-    Taking it freezes the memtable (copy-on-write: the writer goes on in a new one); its
-    persistence completes in the background, `wait(level)` waits for it.
-    """
+    __slots__ = ("seq", "runs", "body", "nbytes")
+
+    def __init__(self, seq: int, runs: dict, body: bytes | None = None) -> None:
+        self.seq = seq
+        self.runs = runs
+        """state (encoded) -> PendingRun, or RunView once read back from the log."""
+        self.body = body
+        """The log record's body once encoded: msgpack map state -> run bytes."""
+        self.nbytes = sum(r.nbytes for r in runs.values())
+
+
+class Snapshot:
+    """A seq pinned against merges until released: reads as of it stay possible."""
 
     def __init__(self, store: Store, seq: int) -> None:
         self.store = store
         self.seq = seq
         self._released = False
 
-    def get(self, key: object, default: object = None) -> object:
-        return self.store.get(key, as_of=self.seq, default=default)
+    def get(self, state: Any, key: Any, default: Any = None) -> Any:
+        return self.store.get(state, key, as_of=self.seq, default=default)
 
-    def scan(self, prefix: object = None) -> Iterator[tuple[object, object]]:
-        return self.store.scan(prefix, as_of=self.seq)
+    def load(self, state: Any) -> dict:
+        return self.store.load(state, as_of=self.seq)
 
     def durable(self, level: str = "disk") -> bool:
         return self.store.durable(level) >= self.seq
@@ -124,14 +145,31 @@ class Snapshot:
         self.release()
 
 
-class Store:
-    """A log-structured, sequence-numbered, versioned key-value store.
+def _columns(updates: Any) -> tuple[list, list]:
+    """(keys, values) of what `append` was given for one state: a (keys, values) pair of
+    sequences, or a mapping."""
+    if isinstance(updates, Mapping):
+        return list(updates), list(updates.values())
+    if isinstance(updates, tuple) and len(updates) == 2:
+        keys, values = updates
+        try:
+            keys, values = list(keys), list(values)
+        except TypeError:
+            raise LsmError(f"a state's (keys, values) pair is not two sequences: {updates!r:.80}") from None
+        if len(keys) != len(values):
+            raise LsmError(f"{len(keys)} keys and {len(values)} values")
+        return keys, values
+    raise LsmError(f"a state's updates are a mapping or a (keys, values) pair, not {type(updates).__name__}")
 
-    >>> s = Store("/tmp/state")                     # doctest: +SKIP
-    >>> s.append(1, [("a", 1), ("b", 2)])           # doctest: +SKIP
-    >>> s.append(2, [("a", 10), ("b", TOMBSTONE)])  # doctest: +SKIP
-    >>> s.get("a"), s.get("a", as_of=1), s.get("b") # doctest: +SKIP
-    (10, 1, None)
+
+class Store:
+    """A log-structured, sequence-numbered, versioned store of named states.
+
+    >>> s = Store("/tmp/state")                                     # doctest: +SKIP
+    >>> s.append(1, {"counts": {"a": 1, "b": 2}})                   # doctest: +SKIP
+    >>> s.append(2, {"counts": (["a", "b"], [10, TOMBSTONE])})      # doctest: +SKIP
+    >>> s.load("counts"), s.get("counts", "a", as_of=1)             # doctest: +SKIP
+    ({'a': 10}, 1)
     """
 
     def __init__(self, path: str, remote: str | None = None, **options: object) -> None:
@@ -194,27 +232,41 @@ class Store:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._tier_lock = threading.RLock()
-        self._packer = make_packer()
-        self._frozen: list[Memtable] = []
-        self._active = Memtable()
-        self._mem_updates = 0
         self._pins: dict[int, int] = {}
         self._error: PersistError | None = None
         self._failures = 0
-        self._iter_gen = -1
-        self._iter = None
-        if replay:
-            m = Memtable()
-            for rec in replay:
-                m.add(rec.seq, rec.packed, len(unpack(rec.packed)))
-            self._frozen.append(m)
-            self._mem_updates = m.updates
-        self._last = max(local_last, replay[-1].seq if replay else -1)
-        self._logged = self._last
+        self._batches: list[Batch] = [self._batch_of(rec) for rec in replay]
+        self._mem_bytes = sum(b.nbytes for b in self._batches)
+        self._logged = self._batches[-1].seq if self._batches else local_last
+        self._last = max(local_last, self._logged)
         self._durable_disk = self._last
         self._durable_remote = self.remote.durable()
+        self._catalog: dict[bytes, tuple[RunRef, ...]] = {}
+        for ref in self._disk.catalog():
+            self._catalog[ref.state] = (*self._catalog.get(ref.state, ()), ref)
+        self._views: OrderedDict = OrderedDict()
+        self._views_bytes = 0
+        self._views_lock = threading.Lock()
+        self._state_keys: dict = {}
         self._gen = 0
+        self._view: tuple = ((), {}, None, 0)
         self._publish_locked()
+
+    def _batch_of(self, rec: Record) -> Batch:
+        """A batch read back from a log record (logged, not yet indexed)."""
+        try:
+            body = unpack_keys(rec.packed)
+        except Exception as e:  # noqa: BLE001 - msgpack raises several types
+            from lsm.errors import CorruptLogError
+
+            raise CorruptLogError(self.path, rec.offset, f"log record of seq {rec.seq} is not runs: {e}") from e
+        runs = {
+            bytes(state): RunView(
+                bytes(data), f"{self.path}: run of state {decode_key(state)[0]!r} in the log record of seq {rec.seq}"
+            )
+            for state, data in dict(body).items()
+        }
+        return Batch(rec.seq, runs, rec.packed)
 
     def _remote_records_after(self, seq: int) -> list[Record]:
         """Records the remote tier holds beyond the local log (its tail was lost): they are
@@ -233,22 +285,26 @@ class Store:
         return out
 
     def _restore_from_remote(self) -> None:
-        """Rebuilds an empty local store from the remote tier: the base image goes to the disk
-        tier, the log segments after it to the local log (replayed like any log)."""
+        """Rebuilds an empty local store from the remote tier: the base image's runs go to the
+        disk tier, the log segments after it to the local log (replayed like any log)."""
         base = self.remote.base
         if base is not None:
-            keys, values = self.remote.read_base(base)
-            self._disk.load_image(base.last, keys, values)
+            runs = self.remote.read_base(base)
+            self._disk.write(runs, applied=base.last, sync=True)
+            self._disk.set_horizon(base.last)
 
     # -- writing ------------------------------------------------------------------
 
-    def append(self, seq: int, updates: list | tuple) -> int:
-        """Adds the batch `updates` ((key, value) pairs; value TOMBSTONE deletes) at `seq`;
-        returns the size of the batch in bytes (msgpack).
+    def append(self, seq: int, runs: Mapping[Any, Any]) -> int:
+        """Gives each state named in `runs` a run at `seq`: its changed keys and their values,
+        as a (keys, values) pair of sequences or as a mapping; the value TOMBSTONE deletes its
+        key. Later columns win over earlier ones for the same key. Returns the bytes the runs
+        take (what the persister writes).
 
-        Never waits on disk, except while the memory bound is exceeded (backpressure).
-        Raises SeqOrderError unless `seq` is above every seq before it, KeyEncodingError or
-        LsmError for a key or value that cannot be stored (nothing is added then).
+        The keys and values are copied (packed) before it returns; nothing waits on disk,
+        except while the memory bound is exceeded (backpressure). Raises SeqOrderError unless
+        `seq` is above every seq before it; KeyEncodingError or ValueEncodingError (naming the
+        state and key) for what cannot be stored, and nothing is added then.
         """
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
@@ -256,47 +312,72 @@ class Store:
             raise SeqOrderError(
                 f"append seq {seq!r} to {self.path}: seqs must be ints above the last one ({self._last})"
             )
-        try:
-            check_keys(updates)
-            packed = self._packer.pack(updates)
-        except KeyEncodingError as e:
-            raise KeyEncodingError(f"append seq {seq} to {self.path}: {e}") from None
-        except (TypeError, ValueError, OverflowError) as e:
-            self._packer.reset()
-            raise LsmError(
-                f"append seq {seq} to {self.path}: updates must be (key, value) pairs of msgpack values: {e}"
-            ) from None
-        n = len(updates)
+        if not isinstance(runs, Mapping):
+            raise LsmError(f"append seq {seq} to {self.path}: runs are a mapping of states, not {type(runs).__name__}")
+        built: dict[bytes, PendingRun] = {}
+        for state, updates in runs.items():
+            try:
+                sb = encode_key(state)
+            except KeyEncodingError as e:
+                raise KeyEncodingError(f"append seq {seq} to {self.path}: state name: {e}") from None
+            keys, values = _columns(updates)
+            built[sb] = self._pending(seq, state, keys, values)
+        batch = Batch(seq, built)
         with self._lock:
-            m = self._active
-            m.add(seq, packed, n)
+            self._batches.append(batch)
             self._last = seq
-            self._mem_updates += n
-            if m.updates >= self.options.memtable_updates:
-                self._freeze_locked()
-            over = self._mem_updates > self.options.memory_updates
-        self.stats.appended_updates += n
+            self._mem_bytes += batch.nbytes
+            self._publish_locked(disk_changed=False)
+            self._cond.notify_all()
+            over = self._mem_bytes > self.options.memory_bytes
+        st = self.stats
+        st.appended_runs += len(built)
+        st.appended_updates += sum(r.n for r in built.values())
+        st.appended_bytes += batch.nbytes
         if over:
             self._wait_for_memory()
-        return len(packed)
+        return batch.nbytes
 
-    def _freeze_locked(self) -> None:
-        """REQUIRES: _lock held."""
-        if self._active.batches:
-            self._frozen.append(self._active)
-            self._active = Memtable()
-            self._publish_locked()
-            self._cond.notify_all()
+    def _pending(self, seq: int, state: Any, keys: list, values: list) -> PendingRun:
+        where = f"append seq {seq} to {self.path}, state {state!r}"
+        try:
+            if not check_key_column(keys):
+                # lists, at any depth, become the tuples they are as keys
+                keys = [k if type(k) in KEY_TYPES else decode_key(encode_key(k))[0] for k in keys]
+            keys_b = pack_keys(keys)
+        except KeyEncodingError as e:
+            raise KeyEncodingError(f"{where}: {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise KeyEncodingError(f"{where}: {e}") from None
+        try:
+            values_b = pack_values(values)
+        except (TypeError, ValueError, OverflowError):
+            for k, v in zip(keys, values, strict=True):
+                try:
+                    pack_values(v)
+                except (TypeError, ValueError, OverflowError) as e:
+                    raise ValueEncodingError(where, state, k, v, e) from None
+            raise
+        dels: list[int] = []
+        if TOMBSTONE in values:
+            dels = [i for i, v in enumerate(values) if v is TOMBSTONE]
+            last = dict(zip(keys, range(len(keys)), strict=True))
+            if len(last) < len(keys):
+                dels = [i for i in dels if last[keys[i]] == i]
+        return PendingRun(seq, keys, keys_b, values_b, dels)
 
-    def _publish_locked(self) -> None:
-        """REQUIRES: _lock held (or no other thread yet). Replaces the read view."""
-        self._view = ((self._active, *reversed(self._frozen)), self._gen)
+    def _publish_locked(self, disk_changed: bool = True) -> None:
+        """REQUIRES: _lock held (or no other thread yet). Replaces the read view; a LevelDB
+        snapshot is taken anew only when the disk tier changed."""
+        self._gen += 1
+        snap = self._disk.snapshot() if disk_changed or self._view[2] is None else self._view[2]
+        self._view = (tuple(self._batches), dict(self._catalog), snap, self._gen)
 
     def _wait_for_memory(self) -> None:
         start = time.perf_counter()
         failures = self._failures
         with self._cond:
-            while self._mem_updates > self.options.memory_updates and not self._closed:
+            while self._mem_bytes > self.options.memory_bytes and not self._closed:
                 if self._failures != failures and self._fails_level("disk"):
                     raise self._error
                 self._cond.wait(0.05)
@@ -304,95 +385,116 @@ class Store:
 
     # -- reading ------------------------------------------------------------------
 
-    def _check_as_of(self, as_of: int | None) -> None:
+    def _check_as_of(self, as_of: int | None) -> int:
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
-        if as_of is not None:
-            if type(as_of) is not int:
-                raise LsmError(f"as_of must be an int seq or None, not {as_of!r}")
-            if as_of < self._disk.horizon:
-                raise RetentionError(as_of, self._disk.horizon)
+        if as_of is None:
+            return MAX_SEQ
+        if type(as_of) is not int:
+            raise LsmError(f"as_of must be an int seq or None, not {as_of!r}")
+        if as_of < self._disk.horizon:
+            raise RetentionError(as_of, self._disk.horizon)
+        return as_of
 
-    def _iterator(self, gen: int):
-        if gen != self._iter_gen or self._iter is None:
-            self._iter = self._disk.db.raw_iterator()
-            self._iter_gen = gen
-        return self._iter
+    def _runs(self, sb: bytes, view: tuple, as_of: int) -> list:
+        """The runs of one state that a read as of `as_of` needs, newest first."""
+        batches, catalog, snap, _ = view
+        out = [b.runs[sb] for b in reversed(batches) if b.seq <= as_of and sb in b.runs]
+        for ref in reversed(catalog.get(sb, ())):
+            if ref.lo <= as_of:
+                out.append(self._run_view(ref, snap))
+        return out
 
-    def get(self, key: object, as_of: int | None = None, default: object = None) -> object:
-        """The value of `key` right after seq `as_of` (None: now), or `default` if it has none.
+    def _run_view(self, ref: RunRef, snap: object) -> RunView:
+        """The run `ref` names, read from the disk tier once and kept (most recently used
+        first, VIEW_CACHE_BYTES in all): a reader thread and the API thread may both ask."""
+        key = (ref.state, ref.lo, ref.hi)
+        with self._views_lock:
+            v = self._views.get(key)
+            if v is not None:
+                self._views.move_to_end(key)
+                return v
+        data = self._disk.read(ref, snap)
+        if data is None:
+            raise LsmError(f"store {self.path}: run of seq {ref.hi} is missing from the disk tier")
+        v = RunView(data, f"{self.path}: run of state {decode_key(ref.state)[0]!r} at seq {ref.hi}")
+        with self._views_lock:
+            self._views[key] = v
+            self._views_bytes += v.nbytes
+            while self._views_bytes > VIEW_CACHE_BYTES and len(self._views) > 1:
+                _, old = self._views.popitem(last=False)
+                self._views_bytes -= old.nbytes
+        return v
+
+    def _state_key(self, state: Any) -> bytes:
+        sb = self._state_keys.get(state) if type(state) is not list else None
+        if sb is None:
+            sb = encode_key(state)
+            if len(self._state_keys) < 4096 and type(state) is not list:
+                self._state_keys[state] = sb
+        return sb
+
+    def get(self, state: Any, key: Any, as_of: int | None = None, default: Any = None) -> Any:
+        """The value of `key` in `state` right after seq `as_of` (None: now), or `default`.
 
         Raises RetentionError for an `as_of` older than the retention horizon. The returned
-        object is shared with the store's cache: treat it as read-only.
+        object is the caller's: changing it changes nothing in the store.
         """
-        self._check_as_of(as_of)
+        view = self._view  # before the horizon check: a merge past as_of publishes after moving it
+        at = self._check_as_of(as_of)
         if type(key) not in KEY_TYPES:
-            # Refuses what append refuses (a memtable would find key 1 for True or 1.0) and
-            # turns lists, at any depth, into the tuples the memtables hold.
+            # refuses what append refuses, and turns lists, at any depth, into tuples
             key = decode_key(encode_key(key))[0]
-        if as_of is not None and as_of < 0:
+        try:
+            h = key_hash(key)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise KeyEncodingError(f"key {key!r:.60} of {self.path}: {e}") from None
+        if at < 0:
             return default
-        mems, gen = self._view
-        for m in mems:
-            if m.batches:
-                v = m.lookup(key, as_of)
-                if v is not MISSING:
-                    return default if v is TOMBSTONE else v
-        v = self._disk.get(self._iterator(gen), encode_key(key), MAX_SEQ if as_of is None else as_of)
-        return default if v is MISSING or v is TOMBSTONE else v
+        for run in self._runs(encode_key(state), view, at):
+            v = run.lookup(key, h, at)
+            if v is not MISSING:
+                return default if v is TOMBSTONE else v
+        return default
 
-    def scan(self, prefix: object = None, as_of: int | None = None) -> Iterator[tuple[object, object]]:
-        """(key, value) of every live key as of `as_of`, in key order; with `prefix`, only keys
-        that start with it (a str/bytes prefix of a str/bytes key, or a tuple prefix)."""
-        self._check_as_of(as_of)
-        pre = b"" if prefix is None else encode_prefix(prefix)
-        mems, _ = self._view
-        overlay: dict[bytes, tuple[object, object]] = {}
-        for m in reversed(mems):
-            if not m.batches:
+    def load(self, state: Any, as_of: int | None = None) -> dict:
+        """Every live key of `state` and its value right after seq `as_of` (None: now), as a
+        new dict: the runs applied oldest first, each by `dict.update` over its columns."""
+        view = self._view  # before the horizon check, as in get
+        at = self._check_as_of(as_of)
+        out: dict = {}
+        if at < 0:
+            return out
+        for run in reversed(self._runs(encode_key(state), view, at)):
+            run.apply(out, None if at >= run.hi else at)
+        return out
+
+    def versions(self, state: Any, key: Any, after: int = -1, upto: int | None = None) -> list[tuple[int, Any]]:
+        """(seq, value) of every version of `key` in `state` written in (after, upto], oldest
+        first, deletions as TOMBSTONE (for small states: a worker's metadata, its lineage)."""
+        view = self._view  # before the horizon check, as in get
+        at = self._check_as_of(upto)
+        found: dict[int, Any] = {}
+        for run in reversed(self._runs(encode_key(state), view, at)):
+            if run.hi <= after:
                 continue
-            for k, v in m.items(as_of).items():
-                ek = encode_key(k)
-                if ek.startswith(pre):
-                    overlay[ek] = (k, v)
-        if not overlay:
-            return self._disk_only(prefix, pre, MAX_SEQ if as_of is None else as_of)
-        return self._merge(sorted(overlay.items()), pre, MAX_SEQ if as_of is None else as_of)
+            keys, values, seqs, _ = run.entries()
+            for k, v, s in zip(keys, values, seqs.tolist(), strict=True):
+                if after < s <= at and k == key:
+                    found[s] = v  # a key twice in one append: the later column is the version
+        return sorted(found.items(), key=lambda sv: sv[0])
 
-    def _disk_only(self, prefix: object, pre: bytes, as_of: int) -> Iterator[tuple[object, object]]:
-        # nothing in memory to merge (a store reopened, or read as of an indexed seq): the
-        # disk tier's versions as they come, deletions skipped
-        scan = self._disk.scan_raw(pre, as_of)
-        if (type(prefix) is tuple or type(prefix) is list) and prefix:
-            # every key is a tuple that starts with the prefix: only the rest is decoded
-            head, n = decode_key(pre + b"\x00")[0], len(pre)
-            for ek, raw in scan:
-                if raw:
-                    yield head + decode_items(ek, n)[0], unpack(raw)
-        else:
-            for ek, raw in scan:
-                if raw:
-                    yield decode_key(ek)[0], unpack(raw)
+    def states(self) -> list:
+        """The states that have runs, in key order."""
+        batches, catalog, _, _ = self._view
+        names = set(catalog)
+        for b in batches:
+            names.update(b.runs)
+        return [decode_key(sb)[0] for sb in sorted(names)]
 
-    def _merge(self, mem_items: list, pre: bytes, as_of: int) -> Iterator[tuple[object, object]]:
-        i = 0
-        for ek, v in self._disk.scan(pre, as_of):
-            while i < len(mem_items) and mem_items[i][0] < ek:
-                k, mv = mem_items[i][1]
-                i += 1
-                if mv is not TOMBSTONE:
-                    yield k, mv
-            if i < len(mem_items) and mem_items[i][0] == ek:
-                k, mv = mem_items[i][1]
-                i += 1
-                if mv is not TOMBSTONE:
-                    yield k, mv
-                continue
-            if v is not TOMBSTONE:
-                yield decode_key(ek)[0], v
-        for _, (k, mv) in mem_items[i:]:
-            if mv is not TOMBSTONE:
-                yield k, mv
+    def runs(self, state: Any) -> list[tuple[int, int, int]]:
+        """(lo, hi, entries) of each run of `state`, oldest first: what a load applies."""
+        return [(r.lo, r.hi, r.n) for r in reversed(self._runs(encode_key(state), self._view, MAX_SEQ))]
 
     # -- durability ----------------------------------------------------------------
 
@@ -449,7 +551,6 @@ class Store:
         if level == "remote" and not self.options.uploads:
             raise LsmError(f"store {self.path} was opened with uploads=False: nothing goes to its remote tier")
         with self._cond:
-            self._freeze_locked()
             target = self._last
             if level == "remote":
                 self._persister.request_seal(target)
@@ -476,9 +577,8 @@ class Store:
                 self._cond.wait(0.05)
 
     def snapshot(self) -> Snapshot:
-        """A consistent view as of the last seq, pinned until released (what ABS uses)."""
+        """The last seq, pinned against merges until released."""
         with self._cond:
-            self._freeze_locked()
             seq = self._last
             self._pins[seq] = self._pins.get(seq, 0) + 1
         return Snapshot(self, seq)
@@ -492,8 +592,8 @@ class Store:
                 self._pins.pop(seq, None)
 
     def compaction_horizon(self) -> int:
-        """The seq compaction may compact up to now: retention, pinned snapshots and what the
-        disk tier has indexed all bound it."""
+        """The seq merges may fold up to now: retention, pinned snapshots and what the disk
+        tier has indexed all bound it."""
         h = min(self._last - self.options.retention, self._disk.applied)
         if self._pins:
             h = min(h, min(self._pins))
@@ -504,65 +604,71 @@ class Store:
     def rollback(self, to_seq: int) -> None:
         """Makes the store exactly what it was right after `to_seq`, on every tier.
 
-        Raises RetentionError if `to_seq` is older than the retention horizon.
-        Crash-safe by its order: disk tier first, then remote, then the local log, so a crash
-        part-way leaves either the old state (the log replays it) or the new one.
+        Raises RetentionError if `to_seq` is older than the retention horizon. Crash-safe by
+        its order: disk tier first, then remote, then the local log, so a crash part-way
+        leaves either the old state (the log replays it) or the new one.
         """
+        from lsm.run import truncate
+
         with self._persister.compactor.lock, self._tier_lock:
-            # Checked under the compaction lock: a background compaction may have moved the
-            # horizon past to_seq while this call waited for the lock.
+            # checked under the compaction lock: a merge may have moved the horizon past
+            # to_seq while this call waited for the lock
             self._check_as_of(to_seq)
             if to_seq >= self._last:
                 return
-            with self._cond:
-                keep = []
-                for m in self._frozen:
-                    m.cut_after(to_seq)
-                    if m.batches:
-                        keep.append(m)
-                self._frozen = keep
-                self._active.cut_after(to_seq)
-                self._mem_updates = self._active.updates + sum(m.updates for m in keep)
-                self._last = to_seq
-            records = self._log.records_after(to_seq)
-            self._disk.rollback(to_seq, records)
+            removed: list[RunRef] = []
+            added: list[tuple[bytes, bytes]] = []
+            for sb, refs in self._catalog.items():
+                for i, ref in enumerate(refs):
+                    if ref.hi <= to_seq:
+                        continue
+                    removed.append(ref)
+                    if ref.lo <= to_seq:
+                        view = self._run_view(ref, self._view[2])
+                        added.append((sb, truncate(view, to_seq, self.horizon, base=i == 0)))
+            refs_added = self._disk.write(added, removed, applied=min(self._disk.applied, to_seq), sync=True)
             self.remote.drop_after(to_seq)
             self._log.truncate_after(to_seq)
+            if to_seq >= 0 and self._disk.applied == to_seq and self._log.last_seq != to_seq:
+                # LevelDB says to_seq now (it had indexed past it), so a crash recovers to_seq:
+                # the log must hold a record of it, or the remote tier could never reach it
+                # (nothing at or below to_seq waits to be logged: an empty record carries it)
+                self._log.append([(to_seq, pack_keys({}))])
             with self._cond:
-                logged = self._log.last_seq
-                self._logged = min(self._logged, logged)
-                self._durable_disk = min(self._durable_disk, to_seq)
-                mems = [self._active, *self._frozen]
-                if to_seq >= 0 and logged != to_seq and not any(m.batches and m.last == to_seq for m in mems):
-                    # No batch carries to_seq: an empty one does (it changes no key), so that
-                    # last_seq == to_seq is logged, uploaded and survives a crash like any append.
-                    empty = self._packer.pack([])
-                    if any(m.batches and m.last > self._logged for m in mems):
-                        # earlier batches still wait for the log: this one goes after them
-                        self._durable_disk = min(self._durable_disk, max(logged, self._disk.applied))
-                        self._active.add(to_seq, empty, 0)
-                    else:
-                        self._log.append([(to_seq, empty)])
-                        self._logged = to_seq
-                        self._durable_disk = to_seq
-                        # logged, and queued for indexing like any frozen memtable, so that the
-                        # disk tier's applied point (and so compaction) reaches to_seq too
-                        m = Memtable()
-                        m.add(to_seq, empty, 0)
-                        self._frozen.append(m)
+                gone = {(r.state, r.hi) for r in removed}
+                cat = {sb: tuple(r for r in refs if (sb, r.hi) not in gone) for sb, refs in self._catalog.items()}
+                for ref in refs_added:
+                    cat[ref.state] = tuple(sorted((*cat.get(ref.state, ()), ref), key=lambda r: r.hi))
+                self._catalog = {sb: refs for sb, refs in cat.items() if refs}
+                self._views.clear()
+                self._views_bytes = 0
+                self._batches = [b for b in self._batches if b.seq <= to_seq]
+                self._persister.forget_encoded(to_seq)
+                self._last = to_seq
+                # everything at or below this is logged (or indexed); kept batches above it are not
+                self._logged = max(min(self._logged, to_seq), self._disk.applied)
+                self._logged = max(self._logged, self._log.last_seq)
+                carried = self._log.last_seq == to_seq or any(b.seq == to_seq for b in self._batches)
+                if to_seq >= 0 and not carried:
+                    # no batch carries to_seq: an empty one does, so that last_seq == to_seq
+                    # is logged, uploaded and survives a crash like any append
+                    self._batches.append(Batch(to_seq, {}))
+                    # what is logged ends below it, so that the persister logs it
+                    self._logged = min(self._logged, to_seq - 1)
+                self._mem_bytes = sum(b.nbytes for b in self._batches)
+                self._durable_disk = self._logged
                 self._durable_remote = self.remote.durable()
-                # A seal requested for a seq above to_seq would otherwise outrank (by max)
-                # every later flush("remote") below it, which then waits for seal_interval_s.
+                # a seal asked for above to_seq would outrank every later remote flush below it
                 p = self._persister
                 p._seal_target = min(p._seal_target, to_seq)
-                self._gen += 1
                 self._publish_locked()
                 self._cond.notify_all()
 
     def compact(self) -> dict:
-        """Flushes, then drops versions older than the retention horizon on every tier and
+        """Indexes everything, then merges every state's runs as far as retention allows and
         has LevelDB rewrite its files. Returns what it did."""
-        self.flush("remote")
+        if self.options.uploads:
+            self.flush("remote")
         self._persister.drain_index()
         return self._persister.compactor.run(full=True)
 
@@ -579,7 +685,7 @@ class Store:
     def close(self) -> None:
         """Makes everything appended durable on the disk tier, stops the persister, unlocks.
 
-        A clean close also indexes every memtable in LevelDB and has LevelDB write its own
+        A clean close also indexes every batch in LevelDB and has LevelDB write its own
         memtable out, so the next open (of these files, or of a copy: rewind and state read
         copies of a run's stores) replays no log of either."""
         if self._closed:
@@ -602,7 +708,8 @@ class Store:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._iter = None
+        self._view = ((), {}, None, self._gen)
+        self._views.clear()
         self._release_handles(settle)
 
     def _release_handles(self, settle: bool = False) -> None:
@@ -619,3 +726,4 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+

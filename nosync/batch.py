@@ -338,14 +338,14 @@ def _read_msgpack(path: str) -> Any:
 
 def _restore_snapshot(host: _Host, ops: list, p: PhysicalPlan) -> None:
     """Brings `ops` back to worker `host.index`'s snapshot in a consistent cut of a nosync
-    run's snapshots (`rewind.find_snapshot_cut`): keyed state as of the snapshot's step from
+    run's snapshots (`rewind.find_snapshot_cut`): keyed state as of the snapshot's seq from
     (a copy of) the worker's store, the rest from the snapshot's metadata. The frames in
     flight at the cut are stage 0's to emit (`_sources_task`)."""
     from nosync.modes.nosync import store_state
 
     r = host.spec["restore"]
     cut = _read_msgpack(r["cut"])
-    step = int(cut["steps"][host.index])
+    seq = int(cut["seqs"][host.index])
     metas = cut["ops"][host.index]
     index = {n.name: i for i, n in enumerate(p.pipeline.nodes)}
     path = os.path.join(r["state_dir"], f"w{host.index}", "nosync")
@@ -356,7 +356,7 @@ def _restore_snapshot(host: _Host, ops: list, p: PhysicalPlan) -> None:
             if meta is None:
                 continue
             if isinstance(op, KeyedOp):
-                store_state(store, index[op.name], op, step)
+                store_state(store, index[op.name], op, seq)
             op.restore_meta(meta)
     finally:
         store.close()
@@ -367,6 +367,8 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
     from (copies of) the run's stores, the rest (source positions, frontiers, watermarks,
     window and join bookkeeping) from its metadata. An operator the checkpoint does not
     name (inside a loop, which holds nothing between two batches) starts as built."""
+    from nosync.modes.abs import restore_keyed
+
     r = host.spec["restore"]
     c = int(r["checkpoint"])
     metas = checkpoints.read(r["path"])["workers"][host.index]["ops"]
@@ -388,7 +390,7 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
                         f"the snapshot of checkpoint {c} of operator '{op.name}' of worker {host.index} is missing "
                         f"from its store (a copy of the run's, at {path}, ends at seq {store.last_seq})"
                     )
-                op.restore_keyed(store.scan(as_of=c))
+                restore_keyed(op, store, as_of=c)
             finally:
                 store.close()
         op.restore_meta(meta)

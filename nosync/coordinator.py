@@ -82,6 +82,7 @@ class Coordinator:
             self._events_file = open(os.path.join(run_dir, "events.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
+        self._sample_now = False
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.listener, selectors.EVENT_READ, None)
         self._stop = False
@@ -105,9 +106,11 @@ class Coordinator:
                 pass
 
     def wait(self, timeout: float) -> bool:
-        """Waits up to `timeout`; True once the run finished or failed."""
+        """Waits up to `timeout`, or until a worker's counts drop (a restored position, which
+        the progress samples must show); True once the run finished or failed."""
         with self._changed:
-            self._changed.wait_for(lambda: self.finished or self.failure is not None, timeout)
+            self._changed.wait_for(lambda: self.finished or self.failure is not None or self._sample_now, timeout)
+            self._sample_now = False
             return self.finished or self.failure is not None
 
     def event(self, kind: str, **fields: Any) -> dict:
@@ -280,7 +283,7 @@ class Coordinator:
         elif t == "heartbeat":
             self.last_beat[w] = time.monotonic()
             with self._lock:
-                self.counters[w] = msg
+                self.counters[w] = self._counted(w, msg)
                 if self.first_record_at is None and msg.get("read"):
                     self.first_record_at = time.time()
         elif t == "ready":
@@ -305,6 +308,23 @@ class Coordinator:
                     self._changed.notify_all()
         elif t == "error":
             self.fail(f"worker {w}: {msg.get('message')}")
+
+    def _counted(self, w: int, msg: dict) -> dict:
+        """A worker's heartbeat as the run's counters take it. A restarting worker counts from
+        its restored position: until it has one (its read is None) its last counts stand.
+        Committed output never shrinks, so neither does its count: a restored worker's count
+        climbs back through what its lost attempt had committed (its commits are idempotent)."""
+        prev = self.counters.get(w) or {}
+        if msg.get("read") is None:
+            return {**msg, "read": prev.get("read", 0), "committed": prev.get("committed", 0)}
+        if msg["read"] < prev.get("read", 0):
+            # a restored position: the run's progress is sampled at once, so that its time
+            # series shows the drop whole, before the worker reads on. REQUIRES: _lock held
+            self._sample_now = True
+            self._changed.notify_all()
+        if msg.get("committed", 0) < prev.get("committed", 0):
+            return {**msg, "committed": prev["committed"]}
+        return msg
 
     def _register(self, w: int, conn: channels.Connection, msg: dict) -> None:
         attempt = int(msg.get("attempt", 0))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from lsm import TOMBSTONE
@@ -265,26 +266,28 @@ class KeyedOp(Op):
         self.state: dict = {}
         self.dirty: set = set()
 
-    def take_updates(self) -> list:
-        """The keyed updates since the last call, as (key, saved value) pairs, TOMBSTONE for a
-        deleted key; forgets them. A scalar value (int, float, str, bool, None) is saved as it
-        is, any other as `statecodec` bytes, which keep lists and tuples apart."""
-        state = self.state
-        save = self._save
-        scalar = _SCALARS
-        missing = _MISSING
-        out = []
-        append = out.append
-        for k in self.dirty:
-            v = state.get(k, missing)
-            if type(v) in scalar:
-                append((k, v))
-            elif v is missing:
-                append((k, TOMBSTONE))
-            else:
-                append((k, save(k, v)))
+    def take_updates(self) -> tuple[list, list]:
+        """The keyed updates since the last call, as a key column and a value column
+        (TOMBSTONE for a deleted key), and forgets them: one C pass over the changed keys.
+        The values are the live objects: the caller copies them (the store packs them) before
+        the next record is processed."""
+        keys = list(self.dirty)
         self.dirty = set()
-        return out
+        return keys, list(map(self.state.get, keys, repeat(TOMBSTONE)))
+
+    def state_error(self, e: Exception) -> RunFailed:
+        """The error of a snapshot whose state cannot be saved (`lsm.ValueEncodingError`),
+        naming this operator, the key and the type."""
+        key = getattr(e, "key", None)
+        cause = getattr(e, "cause", e)
+        return RunFailed(
+            f"operator '{self.name}' (declared at {self.node.where}): the state of key {key!r:.60} "
+            f"cannot be saved: {cause}"
+        )
+
+    def restore_state(self, state: dict) -> None:
+        """Takes `state` (a store's `load`: key -> value) as this instance's keyed state."""
+        self.state = state
 
     def saved_state(self) -> list:
         """Every key's value, saved as `take_updates` saves it."""
@@ -526,24 +529,22 @@ class JoinOp(KeyedOp):
                 out.extend((k, (lv, v)) for lv in sides[0])
         return out
 
-    def take_increments(self) -> list:
-        """The values appended since the last call, as (key, side, index, saved value); forgets
-        them. Saved values are as in `take_updates`."""
-        pack = statecodec.pack
-        scalar = _SCALARS
-        out = []
-        for k, side, i, v in self.appended:
-            if type(v) not in scalar:
-                try:
-                    v = pack(v)
-                except TypeError as e:
-                    raise RunFailed(
-                        f"operator '{self.name}' (declared at {self.node.where}): a value of key {k!r:.60} "
-                        f"cannot be saved: {e}"
-                    ) from None
-            out.append((k, side, i, v))
-        self.appended = []
-        return out
+    def take_increments(self) -> tuple[list, list]:
+        """The values appended since the last call, as a key column of (key, side, index) and a
+        value column; forgets them. The sides only grow, so a mode that logs state writes the
+        new values, not the sides."""
+        appended, self.appended = self.appended, []
+        return [(k, side, i) for k, side, i, _ in appended], [v for *_, v in appended]
+
+    def restore_increments(self, increments: dict) -> None:
+        """Rebuilds the sides from logged increments ((key, side, index) -> value)."""
+        state: dict = {}
+        for (k, side, _), v in sorted(increments.items(), key=lambda kv: kv[0][2]):
+            sides = state.get(k)
+            if sides is None:
+                sides = state[k] = ([], [])
+            sides[side].append(v)
+        self.state = state
 
 
 class IterateOp(Op):
@@ -627,12 +628,18 @@ class SinkOp(Op):
             stamps.extend(self.staged_ts.pop(e))
         self._committed(n, stamps)
 
-    def precommit(self, checkpoint: int) -> None:
-        """Makes everything staged durable under `checkpoint`, outside the committed output."""
-        handle = self.part.precommit(checkpoint)
+    def precommit(self, checkpoint: int, upto: int | None = None) -> None:
+        """Makes what is staged for epochs <= `upto` (None: everything) durable under
+        `checkpoint`, outside the committed output."""
+        if upto is None:
+            handle = self.part.precommit(checkpoint)
+            stamps = [x for s in self.staged_ts.values() for x in s]
+            self.staged_ts.clear()
+        else:
+            handle = self.part.precommit(checkpoint, upto)
+            stamps = [x for e in [e for e in self.staged_ts if e <= upto] for x in self.staged_ts.pop(e)]
         self.precommitted.append((checkpoint, handle))
-        self.precommit_ts[checkpoint] = [x for stamps in self.staged_ts.values() for x in stamps]
-        self.staged_ts.clear()
+        self.precommit_ts[checkpoint] = stamps
 
     def commit_checkpoint(self, checkpoint: int) -> None:
         """Publishes what was pre-committed under checkpoints <= `checkpoint`."""
@@ -666,9 +673,9 @@ class SinkOp(Op):
         super().restore_meta(meta)
         self.committed = meta["committed"]
 
-    def recover(self, checkpoint: int, precommitted: list) -> None:
+    def recover(self, checkpoint: int, precommitted: list, retract_above: int | None = None) -> None:
         self.precommitted = [(c, h) for c, h in precommitted]
-        n = self.part.recover(checkpoint, self.precommitted)
+        n = self.part.recover(checkpoint, self.precommitted, retract_above)
         self.precommitted = []
         self.committed += n
 

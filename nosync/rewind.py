@@ -207,6 +207,8 @@ def _stores_hold(state_dir: str, c: int) -> str | None:
 SEED_SEQ = -(1 << 40)
 """Rows of the frames in flight at a cut sort before what the batch jobs emit on the same link
 and epoch (`batch` sorts a destination's rows by epoch, sender, edge and this seq)."""
+BUFFERED_SEQ = SEED_SEQ + (1 << 32)
+"""Rows of the records in a sender's exchange buffers at its snapshot sort after its frames."""
 
 
 def _read_all(meta: dict) -> bool:
@@ -282,10 +284,10 @@ class SnapshotLogs:
                 need = next((q for q in range(lo, hi + 1) if q not in got), None)
                 if need is None or int(meta["produced"].get(dst, 0)) < need:
                     break
-                step = int(meta["step"])
-                if (src, dst, step) not in self._scanned:
-                    self._scanned.add((src, dst, step))
-                    got.update(logged_frames(self.stores[src], dst, step))
+                seq = int(meta["seq"])
+                if (src, dst, seq) not in self._scanned:
+                    self._scanned.add((src, dst, seq))
+                    got.update(logged_frames(self.stores[src], dst, seq))
             return next((q for q in range(lo, hi + 1) if q not in got), None)
 
         pos = consistent_cut(cands, unreadable)
@@ -317,6 +319,11 @@ class SnapshotLogs:
                     else:
                         continue
                     rows[src].append((dst, int(h["edge"]), src, SEED_SEQ + q, kind, int(h["epoch"]), data))
+            # records in the exchange buffers at its snapshot: sent after every frame there
+            for k, (edge, dst, epoch, data) in enumerate(cut[src].get("buffers", ())):
+                records = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+                row = msgpack.packb(list(records), use_bin_type=True)
+                rows[src].append((int(dst), int(edge), src, BUFFERED_SEQ + k, ROW_DATA, int(epoch), row))
         return rows
 
     def first_epoch(self) -> int | None:
@@ -351,6 +358,7 @@ def find_snapshot_cut(state_dir: str, workers: int, to_epoch: int | None, per_ep
     _, epoch, total = checkpoints.find_cut(body)
     return {
         "steps": {w: int(m["step"]) for w, m in cut.items()},
+        "seqs": {w: int(m["seq"]) for w, m in cut.items()},
         "ops": {w: m["ops"] for w, m in cut.items()},
         "inflight": inflight,
         "epoch": epoch,
@@ -456,8 +464,9 @@ def choose_start(
     (`restore` None; `why_not` says why when the run's state was looked for).
 
     Also: `start`, what the state comes from, in words; `upto`, per worker, the checkpoint
-    (abs) or snapshot step (nosync) up to which the run's output files stand before the
-    start; `ops`, per worker, the operators' metadata there; `records`, what the sources had
+    (abs) or snapshot seq (nosync: the id of its pre-commit) up to which the run's output files
+    stand before the start; `steps`, per worker, the step of a nosync snapshot; `ops`, per
+    worker, the operators' metadata there; `records`, what the sources had
     read; `input_logs`, the copy of a nosync run's input logs the jobs read its sources that
     cannot restart from (`_copy_input_logs`), or None. `blocker`: a reason of the caller's not
     to start from the run's state. Raises NosyncError when `restore_from` is "checkpoint" and
@@ -552,6 +561,7 @@ def _checkpoint_before(
         "records": point["records"],
         "skipped": point["skipped"],
         "upto": dict.fromkeys(body["workers"], c),
+        "steps": None,
         "ops": {w: v["ops"] for w, v in body["workers"].items()},
         "start": f"checkpoint {c} of the run, the latest retained {where}",
         "restore": {
@@ -574,17 +584,20 @@ def _snapshots_before(copy: str, workers: int, epoch: int | None, per_epoch: int
     if "why_not" in cut:
         return cut
     # the positions for every task; the frames in flight for the stage-0 task of their sender only
-    path = _write_msgpack(os.path.join(scratch, "cut.msgpack"), {"steps": cut["steps"], "ops": cut["ops"]})
+    path = _write_msgpack(
+        os.path.join(scratch, "cut.msgpack"), {"steps": cut["steps"], "seqs": cut["seqs"], "ops": cut["ops"]}
+    )
     inflight = {
         w: _write_msgpack(os.path.join(scratch, f"inflight-w{w}.msgpack"), rows) for w, rows in cut["inflight"].items()
     }
     steps = ", ".join(f"{s}" for _, s in sorted(cut["steps"].items()))
-    flying = sum(len(v) for v in cut["inflight"].values())
+    flying = sum(1 for rows in cut["inflight"].values() for row in rows if row[3] < BUFFERED_SEQ)
     return {
         "epoch": cut["epoch"],
         "records": cut["records"],
         "skipped": [],
-        "upto": cut["steps"],
+        "upto": cut["seqs"],
+        "steps": cut["steps"],
         "ops": cut["ops"],
         "start": (
             f"the workers' own snapshots at steps {steps} (worker 0 on), the newest consistent cut {where}, "
@@ -760,7 +773,7 @@ def _rewind(
         "output": output,
         "restored": restored,
         "checkpoint": point["checkpoint"] if point["checkpoint"] >= 0 else None,
-        "snapshots": point["upto"] if point["restore"] is not None and point["checkpoint"] < 0 else None,
+        "snapshots": point.get("steps") if point["restore"] is not None and point["checkpoint"] < 0 else None,
         "frames_in_flight": point.get("in_flight"),
         "start": "sources"
         if point["restore"] is None

@@ -66,6 +66,7 @@ def run(
     max_unpersisted_mb: int = 256,
     max_output_log_mb: int = 64,
     max_concurrent_snapshots: int = 1,
+    persist_budget: float = 0.05,
     replay_threshold_records: int | None = None,
     slow_worker: tuple[int, int] | None = None,
 ) -> RunResult:
@@ -77,6 +78,11 @@ def run(
         raise NosyncError(f"--checkpoint-tier is disk or remote, not {checkpoint_tier!r}")
     if resume and not run_dir:
         raise NosyncError("--resume names the run directory to continue")
+    if not 0 < persist_budget <= 1:
+        raise NosyncError(
+            f"--persist-budget is the share of a worker's time its persistence may take, in (0, 1], "
+            f"not {persist_budget}"
+        )
     if replay_threshold_records is not None:
         if mode != "nosync":
             raise NosyncError(
@@ -115,6 +121,7 @@ def run(
             "max_unpersisted_mb": max_unpersisted_mb,
             "max_output_log_mb": max_output_log_mb,
             "max_concurrent_snapshots": max_concurrent_snapshots,
+            "persist_budget": persist_budget,
             "replay_threshold_records": replay_threshold_records,
         },
     )

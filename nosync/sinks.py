@@ -45,6 +45,10 @@ class Sink:
         return type(self).__name__
 
 
+ALL = 1 << 62
+"""Every epoch (a pre-commit of everything staged)."""
+
+
 class SinkPart:
     """One worker's writer: write() stages, commit(epoch) publishes, close() ends.
 
@@ -74,16 +78,18 @@ class SinkPart:
         """Publishes everything staged for epochs <= `epoch`; returns how many records."""
         raise NotImplementedError
 
-    def has_staged(self) -> bool:
-        return any(self.pending.values())
+    def has_staged(self, upto: int = ALL) -> bool:
+        """Whether records of epochs <= `upto` are staged."""
+        return any(v for e, v in self.pending.items() if e <= upto)
 
     def seal(self, epoch: int) -> None:
         """No record of epochs <= `epoch` will come: a part may finish writing them early."""
 
-    def precommit(self, checkpoint: int) -> Any:
-        """Moves everything staged into the pre-commit of `checkpoint`; returns its handle
-        (msgpack-able). The base keeps it in memory: not durable across a crash."""
-        self.held[checkpoint] = self.take(1 << 62)
+    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
+        """Moves what is staged for epochs <= `upto` (default: everything) into the pre-commit
+        of `checkpoint`; returns its handle (msgpack-able). The base keeps it in memory: not
+        durable across a crash."""
+        self.held[checkpoint] = self.take(upto)
         return sum(len(r) for _, r in self.held[checkpoint])
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:
@@ -93,9 +99,10 @@ class SinkPart:
             self.pending.setdefault(e, []).extend(recs)
         return self.commit(1 << 62)
 
-    def recover(self, checkpoint: int, handles: list) -> int:
+    def recover(self, checkpoint: int, handles: list, retract_above: int | None = None) -> int:
         """Back to `checkpoint`: commits `handles` ((checkpoint, handle) pairs, all <= it),
-        drops everything else staged; returns how many records it committed."""
+        drops everything else staged, and takes back output committed under a checkpoint above
+        `retract_above` (default: `checkpoint`); returns how many records it committed."""
         self.abort()
         return 0
 
@@ -345,8 +352,8 @@ class _FilesPart(SinkPart):
         if not f.write(records):
             self._new_file(epoch).write(records)
 
-    def has_staged(self) -> bool:
-        return bool(self.open) or bool(self.sealed)
+    def has_staged(self, upto: int = ALL) -> bool:
+        return any(e <= upto for e in self.open) or any(e <= upto for e in self.sealed)
 
     def seal(self, epoch: int) -> None:
         """Finishes the files of epochs <= `epoch` (no record of them can come any more), so a
@@ -383,10 +390,10 @@ class _FilesPart(SinkPart):
             fsync_dir(self.dir)
         return n
 
-    def precommit(self, checkpoint: int) -> Any:
+    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
         names = []
         n = 0
-        for e in sorted({*self.open, *self.sealed}):
+        for e in sorted(e for e in {*self.open, *self.sealed} if e <= upto):
             got, k = self._publish(e, self.staging, checkpoint)
             names.extend(got)
             n += k
@@ -424,13 +431,14 @@ class _FilesPart(SinkPart):
                 out.append((name, None if m.group(3) is None else int(m.group(3))))
         return out
 
-    def recover(self, checkpoint: int, handles: list) -> int:
+    def recover(self, checkpoint: int, handles: list, retract_above: int | None = None) -> int:
         self.abort()
         n = sum(self.commit_precommit(c, h) for c, h in handles)
         for name, c in self._mine(self.staging):
             if name.endswith((".tmp", ".inprogress")) or c is None or c > checkpoint:
                 os.unlink(os.path.join(self.staging, name))
-        retracted = [name for name, c in self._mine(self.dir) if c is not None and c > checkpoint]
+        above = checkpoint if retract_above is None else retract_above
+        retracted = [name for name, c in self._mine(self.dir) if c is not None and c > above]
         for name in retracted:
             os.unlink(os.path.join(self.dir, name))
         fsync_dir(self.staging)
@@ -526,8 +534,8 @@ class _LevelDBPart(SinkPart):
     def _staged(self, checkpoint: int) -> str:
         return os.path.join(self.staging, f"w{self.worker:04d}-c{checkpoint:010d}.msgpack")
 
-    def precommit(self, checkpoint: int) -> Any:
-        pairs = [p for _, recs in self.take(1 << 62) for p in self._pairs(recs)]
+    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
+        pairs = [p for _, recs in self.take(upto) for p in self._pairs(recs)]
         if not pairs:
             return {"records": 0}
         path = self._staged(checkpoint)
@@ -550,7 +558,7 @@ class _LevelDBPart(SinkPart):
             os.unlink(path)
         return handle["records"]
 
-    def recover(self, checkpoint: int, handles: list) -> int:
+    def recover(self, checkpoint: int, handles: list, retract_above: int | None = None) -> int:
         self.abort()
         n = sum(self.commit_precommit(c, h) for c, h in handles)
         prefix = f"w{self.worker:04d}-c"
@@ -612,8 +620,8 @@ class _NullPart(SinkPart):
     def commit(self, epoch: int) -> int:
         return sum(n for _, n in self.take(epoch))
 
-    def precommit(self, checkpoint: int) -> Any:
-        return self.commit(1 << 62)
+    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
+        return self.commit(upto)
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:
         return handle

@@ -110,6 +110,9 @@ def build_ops(
             op = make_op(n)
         op.hooks = hooks
         op.track_dirty = hooks.tracks_dirty and hasattr(op, "dirty")
+        if op.track_dirty and isinstance(op, JoinOp):
+            # a join's sides only grow: what a batch appended is its update, not its sides
+            op.incremental, op.track_dirty = True, False
         op.align_epochs = hooks.aligns_epochs and n.kind != "loop_entry" and not n.params.get("loop_internal")
         ops.append(op)
         by_id[n.id] = op
@@ -431,7 +434,11 @@ class Worker:
         self._next_beat = 0.0
         self._rejoin: int | None = None
         self._finish = False
+        self._done_sent = False
         self.sel: selectors.BaseSelector | None = None
+        self.restored = False
+        """Whether this generation's operators hold their restored state (its counters
+        count from the restored position; before, they count nothing)."""
 
     # -- the coordinator ---------------------------------------------------------------
 
@@ -465,6 +472,13 @@ class Worker:
     def send_ctrl(self, msg: dict) -> None:
         """Queues a control message to the coordinator (written by the loop, or by keepalive)."""
         self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, msg))
+
+    def report_restored(self) -> None:
+        """This generation's operators hold their restored state: the counters count from the
+        restored position from now on, and say so to the coordinator at once."""
+        self.restored = True
+        self._next_beat = 0.0
+        self.keepalive()
 
     def keepalive(self) -> None:
         """Sends a heartbeat when one is due and writes queued control messages: called by
@@ -624,6 +638,9 @@ class Worker:
 
     def _drop_generation(self) -> None:
         """Closes every data connection and keeps what the metrics need of the operators."""
+        if self.sel is not None:
+            self.sel.close()
+            self.sel = None
         for c in [*self.out.values(), *self.inc.values()]:
             c.close()
         self.out, self.inc = {}, {}
@@ -639,7 +656,10 @@ class Worker:
         self.generations += 1
         self._connect_peers(peers["addresses"], self.gen)
         self._build(p)
+        self._open_selector()
+        self.restored = not (peers.get("restore") or self.attempt > 0)
         self.hooks.on_start(self, peers)
+        self.restored = True
         self.send_ctrl({"type": "ready", "gen": self.gen})
         self.keepalive()
 
@@ -700,6 +720,10 @@ class Worker:
         self._pending_credits[j] = n
 
     def counters(self) -> dict:
+        if not self.restored:
+            # a restarting worker before its restore: no count of its own yet (the run's
+            # time series keeps the last one it had, until the restored position comes)
+            return {"worker": self.index, "read": None, "committed": None, "frontier": -1, "idle": False}
         return {
             "worker": self.index,
             "read": sum(s.records_in for s in self.sources),
@@ -799,8 +823,9 @@ class Worker:
             self.listener.close()
         return {"worker": self.index, "attempt": self.attempt, "read": self.counters()["read"]}
 
-    def _loop(self) -> None:
-        """Runs the current generation until finish (returns) or a rejoin (raises Rejoin)."""
+    def _open_selector(self) -> None:
+        """The selector of this generation's loop: the coordinator, the peers' connections and
+        (a mode that takes peers back) the listener."""
         sel = self.sel = selectors.DefaultSelector()
         sel.register(self.ctrl_conn.sock, selectors.EVENT_READ, ("ctrl", -1, self.ctrl_conn))
         if self.hooks.accepts_peers:
@@ -810,83 +835,95 @@ class Worker:
             sel.register(c.sock, selectors.EVENT_READ, ("in", j, c))
         for j, c in self.out.items():
             sel.register(c.sock, selectors.EVENT_READ, ("out", j, c))
-        done_sent = idle_sent = False
+
+    def pump(self, wait: float, strict: bool = False) -> None:
+        """Reads what arrived within `wait` seconds and hands it on: data frames to the mode and
+        their operators, credits to their channels, control messages to the worker or the mode.
+        With `strict` (a replay), a peer whose connection drops raises PeerLost; otherwise the
+        mode decides what its loss means. Raises Rejoin when the coordinator moved the run to
+        another generation."""
+        if self._rejoin is not None:
+            raise Rejoin(self._rejoin)
+        hooks = self.hooks
+        for key, _ in self.sel.select(wait):
+            kind, j, conn = key.data
+            if kind == "ctrl":
+                self._read_ctrl()
+                continue
+            if kind == "listen":
+                self._accept_peer()
+                continue
+            if conn.closed:
+                continue
+            try:
+                for f in conn.receive():
+                    if kind == "in":
+                        self._handle_data(j, f)
+                    elif f.kind == frames.CREDIT:
+                        conn.grant(int(f.header.get("frames", 0)))
+                    else:
+                        raise FrameError(f"unexpected frame kind {f.kind} on the channel to worker {j}")
+            except FrameError as e:
+                # never executes or crashes on bad input: the channel goes, the coordinator
+                # hears why, and the mode decides what becomes of the run
+                self._detach(conn)
+                log.error("worker %s closed its channel with worker %s: %s", self.index, j, e)
+                self.send_ctrl(
+                    {
+                        "type": "error",
+                        "message": f"worker {self.index}: malformed frame from worker {j}, channel closed: {e}",
+                    }
+                )
+            except ConnectionError as e:
+                self._detach(conn)
+                if strict:
+                    raise PeerLost(f"worker {self.index}: worker {j} went away: {e}") from e
+                if kind == "in" and self.inc_finished(j):
+                    continue
+                if kind == "out" and self._done_sent:
+                    continue
+                if hooks.recovers:
+                    # the coordinator sees the peer's end and says what follows: a mode that
+                    # recovers the peer alone goes on without it meanwhile
+                    if hooks.accepts_peers:
+                        # only this connection's attempt (and older) is gone: a newer attempt
+                        # of the peer may be connected already
+                        self.peer_down(j, getattr(conn, "attempt", -1))
+                    continue
+                raise RunFailed(f"worker {self.index}: channel with worker {j} closed: {e}") from e
+        if self._rejoin is not None:
+            raise Rejoin(self._rejoin)
+
+    def _loop(self) -> None:
+        """Runs the current generation until finish (returns) or a rejoin (raises Rejoin)."""
+        self._done_sent = idle_sent = False
         active_sources = [s for s in self.sources if not s.finished]
         start = time.time()
         hooks = self.hooks
-        try:
-            while not self._finish:
-                if self._rejoin is not None:
-                    raise Rejoin(self._rejoin)
-                backlog = max((c.backlog for c in self.out.values()), default=0)
-                busy = bool(active_sources) and backlog < MAX_BACKLOG_FRAMES and hooks.may_read(self)
-                for key, _ in sel.select(0 if busy else 0.002):
-                    kind, j, conn = key.data
-                    if kind == "ctrl":
-                        self._read_ctrl()
-                        continue
-                    if kind == "listen":
-                        self._accept_peer()
-                        continue
-                    if conn.closed:
-                        continue
-                    try:
-                        for f in conn.receive():
-                            if kind == "in":
-                                self._handle_data(j, f)
-                            elif f.kind == frames.CREDIT:
-                                conn.grant(int(f.header.get("frames", 0)))
-                            else:
-                                raise FrameError(f"unexpected frame kind {f.kind} on the channel to worker {j}")
-                    except FrameError as e:
-                        # never executes or crashes on bad input: the channel goes, the
-                        # coordinator hears why, and the mode decides what becomes of the run
-                        self._detach(conn)
-                        log.error("worker %s closed its channel with worker %s: %s", self.index, j, e)
-                        self.send_ctrl(
-                            {
-                                "type": "error",
-                                "message": f"worker {self.index}: malformed frame from worker {j}, channel closed: {e}",
-                            }
-                        )
-                    except ConnectionError as e:
-                        self._detach(conn)
-                        if kind == "in" and self.inc_finished(j):
-                            continue
-                        if kind == "out" and done_sent:
-                            continue
-                        if hooks.recovers:
-                            # the coordinator sees the peer's end and says what follows: a mode
-                            # that recovers the peer alone goes on without it meanwhile
-                            if hooks.accepts_peers:
-                                # only this connection's attempt (and older) is gone: a newer
-                                # attempt of the peer may be connected already
-                                self.peer_down(j, getattr(conn, "attempt", -1))
-                            continue
-                        raise RunFailed(f"worker {self.index}: channel with worker {j} closed: {e}") from e
-                if busy:
-                    for s in list(active_sources):
-                        if not hooks.poll_source(self, s):
-                            active_sources.remove(s)
-                hooks.flush_routers(self)
-                self._flush_peers()
-                hooks.poll(self)
-                if not idle_sent and not active_sources and all(s.frontier == EOS for s in self.sinks):
-                    # the input is exhausted here: say so now, not at the next heartbeat, so that
-                    # a mode that commits at checkpoints can start the last one at once
-                    idle_sent = True
-                    self._next_beat = 0.0
-                if not done_sent and not active_sources and self._finished_locally() and hooks.can_finish(self):
-                    self.send_ctrl(
-                        {"type": "done", "gen": self.gen, "metrics": self.metrics(), "seconds": time.time() - start}
-                    )
-                    done_sent = True
-                self.keepalive()
-        finally:
-            sel.close()
-            self.sel = None
+        while not self._finish:
+            backlog = max((c.backlog for c in self.out.values()), default=0)
+            busy = bool(active_sources) and backlog < MAX_BACKLOG_FRAMES and hooks.may_read(self)
+            self.pump(0 if busy else 0.002)
+            if busy:
+                for s in list(active_sources):
+                    if not hooks.poll_source(self, s):
+                        active_sources.remove(s)
+            hooks.flush_routers(self)
+            self.flush_peers()
+            hooks.poll(self)
+            if not idle_sent and not active_sources and all(s.frontier == EOS for s in self.sinks):
+                # the input is exhausted here: say so now, not at the next heartbeat, so that
+                # a mode that commits at checkpoints can start the last one at once
+                idle_sent = True
+                self._next_beat = 0.0
+            if not self._done_sent and not active_sources and self._finished_locally() and hooks.can_finish(self):
+                self.send_ctrl(
+                    {"type": "done", "gen": self.gen, "metrics": self.metrics(), "seconds": time.time() - start}
+                )
+                self._done_sent = True
+            self.keepalive()
 
-    def _flush_peers(self) -> None:
+    def flush_peers(self) -> None:
         """Writes what the data connections can take; a peer that went away is down."""
         for conns in (self.out, self.inc):
             for j, c in list(conns.items()):

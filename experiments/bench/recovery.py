@@ -23,7 +23,7 @@ def run(
     keys: int,
     records: int | None = None,
     master: str | None = None,
-    checkpoint_ms: int = 1000,
+    interval_ms: int = 1000,
     progress: Any = lambda m: None,
 ) -> dict:
     from experiments.measure import recovery
@@ -32,15 +32,20 @@ def run(
     records = records or max(2_000_000, 4 * keys)
     # mode replay recomputes with batch jobs beside the W streaming tasks: 2W slots
     spark = get_spark(master, 2 * workers if "replay" in modes else workers)
-    out: dict[str, Any] = {"workload": "keyed_count", "workers": workers, "keys": keys, "records": records, "modes": {}}
+    out: dict[str, Any] = {
+        "workload": "keyed_count",
+        "workers": workers,
+        "keys": keys,
+        "records": records,
+        "interval_ms": interval_ms,
+        "modes": {},
+    }
     work = tempfile.mkdtemp(prefix="nosync-bench-recovery-")
     try:
         for mode in modes:
             progress(f"mode {mode}: keyed_count, {keys:,} keys, {records:,} records")
-            # checkpoint_ms is abs's interval; nosync persists at its own default
-            interval = checkpoint_ms if mode == "abs" else None
             out["modes"][mode] = recovery(
-                spark, os.path.join(work, mode), mode, workers, keys, records, interval, progress=progress
+                spark, os.path.join(work, mode), mode, workers, keys, records, interval_ms, progress=progress
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -48,7 +53,15 @@ def run(
 
 
 def render(r: dict) -> str:
-    fields = ["recovery_s", "restore_s", "detection_s", "records_reprocessed", "killed_at_read", "records_per_s"]
+    fields = [
+        "recovery_s",
+        "restore_s",
+        "detection_s",
+        "records_reprocessed",
+        "frames_replayed",
+        "killed_at_read",
+        "records_per_s",
+    ]
     modes = list(r["modes"])
     w = max(len(f) for f in fields)
     lines = [f"{'':<{w}}  " + "  ".join(f"{m:>14}" for m in modes)]

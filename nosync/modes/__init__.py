@@ -170,10 +170,10 @@ LOCK_WAIT_S = 30.0
 
 def read_store(path: str) -> Any:
     """Opens the `lsm` store at `path` (a run's, or a copy of it) only to read it: its persister
-    neither compacts it (so no retention applies) nor uploads its log to the remote tier."""
+    neither merges its runs (so no retention applies) nor uploads its log to the remote tier."""
     import lsm
 
-    return lsm.Store(path, compact_every_updates=0, uploads=False)
+    return lsm.Store(path, budget=0, uploads=False)
 
 
 def open_store(worker: Any, path: str, what: str, **options: Any) -> Any:

@@ -41,10 +41,11 @@ import os
 import time
 from typing import Any
 
+from lsm import ValueEncodingError
 from nosync import checkpoints
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks, open_store
-from nosync.operators import EOS, SinkOp
+from nosync.operators import EOS, JoinOp, SinkOp
 
 log = logging.getLogger("nosync.abs")
 
@@ -57,8 +58,26 @@ aborted checkpoints between them, the oldest files can name versions already com
 which `rewind` finds out and says."""
 
 
+STATE = "state"
+"""The name of an operator's keyed state in its store."""
+
+
 def state_path(run_dir: str, worker: int, operator: str) -> str:
     return os.path.join(run_dir, "state", f"w{worker}", operator)
+
+
+def take_keyed(op: Any) -> tuple[list, list]:
+    """The keyed updates of `op` since its last snapshot, as columns (a join's increments)."""
+    return op.take_increments() if isinstance(op, JoinOp) else op.take_updates()
+
+
+def restore_keyed(op: Any, store: Any, as_of: int | None = None) -> None:
+    """Gives `op` the keyed state its store held after seq `as_of` (None: its last)."""
+    state = store.load(STATE, as_of=as_of)
+    if isinstance(op, JoinOp):
+        op.restore_increments(state)
+    else:
+        op.restore_state(state)
 
 
 # -- the worker half -------------------------------------------------------------------
@@ -87,7 +106,11 @@ class AbsHooks(WorkerHooks):
             if hasattr(op, "take_updates") and op.name not in self.stores:
                 path = state_path(worker.spec["run_dir"], worker.index, op.name)
                 self.stores[op.name] = open_store(
-                    worker, path, f"the state of operator '{op.name}'", retention=RETENTION
+                    worker,
+                    path,
+                    f"the state of operator '{op.name}'",
+                    retention=RETENTION,
+                    uploads=self.tier == "remote",
                 )
 
     def on_start(self, worker: Any, peers: dict) -> None:
@@ -117,7 +140,7 @@ class AbsHooks(WorkerHooks):
                     )
                 store.rollback(c)
                 if c >= 0:
-                    op.restore_keyed(store.scan(), worker.keepalive)
+                    restore_keyed(op, store)
             if meta is not None:
                 op.restore_meta(meta)
             if isinstance(op, SinkOp):
@@ -151,9 +174,12 @@ class AbsHooks(WorkerHooks):
             op.dirty = set()
             store = None
         if store is not None:
-            updates = op.take_updates()
+            updates = take_keyed(op)
             if n > store.last_seq:
-                size = store.append(n, updates)
+                try:
+                    size = store.append(n, {STATE: updates})
+                except ValueEncodingError as e:
+                    raise op.state_error(e) from None
                 store.persist(self.tier)
         if n in self.aborted:
             return  # its barrier still aligns and moves on; nothing waits for its ack
@@ -238,6 +264,7 @@ class AbsHooks(WorkerHooks):
         return {
             "checkpoints_acked": self.acked,
             "store_backpressure_s": sum(s.stats.backpressure_s for s in self.stores.values()),
+            "bytes_persisted": sum(s.stats.appended_bytes for s in self.stores.values()),
         }
 
     def close(self, worker: Any) -> None:
@@ -425,6 +452,9 @@ class AbsMode(Mode):
             "checkpoint_ms_p50": pct(0.5),
             "checkpoint_ms_p99": pct(0.99),
             "checkpoint_bytes": sum(r["bytes"] for r in self.completed_rows),
+            "bytes_persisted": sum(
+                d.get("metrics", {}).get("mode", {}).get("bytes_persisted", 0) for d in coord.done.values()
+            ),
             "stall_ms_max": max((r.get("align_ms", 0.0) for r in self.instance_rows), default=0.0),
             "sync_ms_max": max((r.get("sync_ms", 0.0) for r in self.instance_rows), default=0.0),
             "held_records_max": max((r.get("held", 0) for r in self.instance_rows), default=0),

@@ -149,15 +149,15 @@ def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
 
 
 def test_a_loss_after_the_last_safe_point_still_ends_the_run(tmp_path):
-    """Worker 1 dies after the run's last safe point (every input ended, every snapshot
-    durable) and before its sink committed. The safe point will not change again; the retry,
-    restored at the end of its input, must still learn it, commit, and let the run finish."""
+    """Worker 1 dies after the run's last safe point (every input ended, every lineage point
+    durable) and before its sink committed its last epoch. The safe point will not change
+    again; the retry, restored at the end of its input, must still learn it, commit, and let
+    the run finish."""
     records, keys = 300_000, 5000
+    # the generator's 2 partitions of 150,000 records, 10,000 an epoch: epochs 0..14
+    last_epoch = records // 2 // 10_000 - 1
     run_dir, out, gate = tmp_path / "run", tmp_path / "out", tmp_path / "gate"
-    # no snapshot before the input ends (the one it ends with is taken at once): the sink's last
-    # pre-commit then comes after its input ended, which is the one the gate holds. With
-    # snapshots every 200 ms, one could fall between worker 1's last record and the end of its
-    # input; with nothing left to pre-commit after it, nothing was held and the run finished.
+    # no snapshot before the input ends: the retry replays every step, its pre-commits included
     proc = start(
         os.path.join(PIPELINES, "gated_count.py"),
         run_dir,
@@ -167,10 +167,11 @@ def test_a_loss_after_the_last_safe_point_still_ends_the_run(tmp_path):
         keys=keys,
         output=out,
         gate=gate,
+        hold_epoch=last_epoch,
     )
     events = Events(str(run_dir / "events.jsonl"))
     try:
-        safe_points(events, proc, 1 << 62)  # the end of every input
+        safe_points(events, proc, last_epoch)
         os.kill(events.pid_of(1), signal.SIGKILL)
         wait_event(events, proc, lambda e: e["event"] == "recovering", 60, "the loss of worker 1")
         gate.write_text("open")
@@ -178,6 +179,81 @@ def test_a_loss_after_the_last_safe_point_still_ends_the_run(tmp_path):
         _, err = finish(proc, timeout=120)
     assert proc.returncode == 0, err[-3000:]
     assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+
+
+def test_a_receiver_lost_after_its_sender_restarted_is_served_from_the_residue(tmp_path):
+    """Worker 0 (the sender) is killed and restores its last snapshot; its output log in
+    memory is gone. Worker 1 (the receiver) is then killed before any new snapshot of its own
+    covers the frames worker 0 sent it before that snapshot: its retry asks for them again,
+    and worker 0 can only serve them from the residue its snapshot wrote. Worker 1 holds big
+    state and the budget is small, so it snapshots once early and then not for many seconds,
+    while worker 0 snapshots every 200 ms (`pipelines/residue.py`)."""
+    records = 1_500_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start(
+        os.path.join(PIPELINES, "residue.py"),
+        run_dir,
+        "--persist-ms",
+        "200",
+        "--persist-budget",
+        "0.001",
+        records=records,
+        big=200_000,
+        output=out,
+    )
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 20)
+        os.kill(events.pid_of(0), signal.SIGKILL)
+        wait_event(events, proc, lambda e: e["event"] == "recovered" and e["worker"] == 0, 120, "worker 0's recovery")
+        os.kill(events.pid_of(1), signal.SIGKILL)
+        wait_event(events, proc, lambda e: e["event"] == "recovered" and e["worker"] == 1, 120, "worker 1's recovery")
+    finally:
+        _, err = finish(proc, timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert len(summary["recoveries"]) == 2 and not [r for r in summary["recoveries"] if r.get("global")]
+    assert summary["residue_frames_resent"] > 0, "worker 1's retry was served nothing from worker 0's residue"
+    got = collections.Counter(tuple(r) for r in ns.sinks.Files(str(out)).read_committed())
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("residue", os.path.join(PIPELINES, "residue.py"))
+    residue = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(residue)
+    per_key = records // 100
+    want = collections.Counter((k, n) for k in residue.SMALL + residue.BIG for n in range(1, per_key + 1))
+    assert got == want, (sum((got - want).values()), sum((want - got).values()))
+
+
+def test_the_run_counts_a_restarted_worker_from_its_restored_position(tmp_path):
+    """The run's time series over a kill: committed output never shrinks, so neither does its
+    count (throughput.parquet, the run's); the lost worker's records read drop, at the loss, by
+    exactly what it reads again (from where it was to its restored position), never to nothing
+    (progress.parquet, per worker)."""
+    import pyarrow.parquet as pq
+
+    records, keys = 3_000_000, 50_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = keyed_count(run_dir, "--persist-ms", "500", records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        safe_points(events, proc, 40)
+        os.kill(events.pid_of(1), signal.SIGKILL)
+        wait_event(events, proc, lambda e: e["event"] == "recovered", 120, "the recovery")
+    finally:
+        _, err = finish(proc, timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+    samples = pq.read_table(run_dir / "throughput.parquet").to_pylist()
+    committed = [s["committed"] for s in samples]
+    assert all(b >= a for a, b in zip(committed, committed[1:], strict=False)), "the committed count shrank"
+    (rec,) = json.loads((run_dir / "summary.json").read_text())["recoveries"]
+    progress = pq.read_table(run_dir / "progress.parquet").to_pylist()
+    rows = sorted((r["t"], r["read"]) for r in progress if r["worker"] == 1)
+    reads = [n for _, n in rows]
+    drops = [a - b for a, b in zip(reads, reads[1:], strict=False) if b < a]
+    assert rec["records_reprocessed"] > 0
+    assert drops == [rec["records_reprocessed"]], (drops, rec)
 
 
 def test_arrival_order_is_replayed_from_the_lineage_the_peers_hold(tmp_path):

@@ -72,7 +72,7 @@ def test_a_state_that_cannot_be_saved_fails_a_replay_run_as_it_runs(spark, tmp_p
         )
     msg = str(e.value)
     assert "operator 'last_day' (declared at " in msg and "dated_state.py:" in msg, msg
-    assert "cannot save state of type date: datetime.date(2026, 1, " in msg, msg
+    assert "cannot store a value of type date: datetime.date(2026, 1, " in msg, msg
     assert "mode replay loads recomputed state from saved bytes" in msg, msg
 
 

@@ -315,7 +315,7 @@ def snapshot_metas(run_dir, tmp_path) -> dict[int, dict[int, dict]]:
     shutil.copytree(run_dir / "state", copy, ignore=shutil.ignore_patterns("LOCK"))
     out = {}
     for w in (0, 1):
-        store = lsm.Store(str(copy / f"w{w}" / "nosync"), compact_every_updates=0)
+        store = lsm.Store(str(copy / f"w{w}" / "nosync"), budget=0)
         try:
             out[w] = {int(m["step"]): m for m in iter_snapshots(store)}
         finally:
@@ -386,7 +386,7 @@ def test_state_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_pat
     run, pipeline = load_run(run_dir)
     start = choose_start(str(run_dir), run, pipeline, epoch, str(tmp_path / "q"), "checkpoint")
     assert start["restore"]["kind"] == "nosync"
-    check_cut(snapshot_metas(run_dir, tmp_path), start["upto"], epoch)
+    check_cut(snapshot_metas(run_dir, tmp_path), start["steps"], epoch)
     got = counts_from(run, start, epoch, spark, tmp_path / "q")
     assert got == dict(collections.Counter(str(i % KEYS) for i in range(2 * (epoch + 1) * PER_EPOCH)))
     # at the end of the input: a cut before the sources read their last records, so that the

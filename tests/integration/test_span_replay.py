@@ -30,7 +30,7 @@ from test_abs import (
 
 from experiments.chaos import Events
 from nosync.loader import load_pipeline
-from nosync.modes.nosync_span import eligible
+from nosync.modes.nosync.span import eligible
 from nosync.plan import plan
 
 PIPELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelines")

@@ -1,44 +1,35 @@
-"""Test pipeline: keyed_count whose sink, on worker 1 only, holds the commit of what it
-pre-committed after its input ended until the file args["gate"] exists. A test can so kill
-worker 1 after the run's last safe point, before the run could finish."""
+"""Test pipeline: keyed_count whose sink, on worker 1 only, holds the commit of any pre-commit
+that holds a record of epoch args["hold_epoch"] or later until the file args["gate"] exists. With
+that epoch the last one, a test can so kill worker 1 after the run's last safe point, before the
+run could finish."""
 
 import os
 import time
 
 import nosync as ns
-
-EOS = 1 << 62
+from nosync.sinks import PART_NAME
 
 
 class GatedFiles(ns.sinks.Files):
-    def __init__(self, directory: str, gate: str) -> None:
+    def __init__(self, directory: str, gate: str, hold_epoch: int) -> None:
         super().__init__(directory, format="parquet")
         self.gate = gate
+        self.hold_epoch = hold_epoch
 
     def open_part(self, worker: int, run_id: str):
         part = super().open_part(worker, run_id)
         if worker != 1:
             return part
-        gate = self.gate
-        state = {"ended": False, "final": None}
-        seal, precommit, commit = part.seal, part.precommit, part.commit_precommit
-
-        def sealed(epoch):
-            state["ended"] = state["ended"] or epoch >= EOS
-            return seal(epoch)
-
-        def precommitted(checkpoint):
-            if state["ended"] and state["final"] is None:
-                state["final"] = checkpoint
-            return precommit(checkpoint)
+        gate, hold = self.gate, self.hold_epoch
+        commit = part.commit_precommit
 
         def gated(checkpoint, handle):
-            if state["final"] is not None and checkpoint >= state["final"]:
+            if any(int(PART_NAME.match(name).group(1)) >= hold for name in handle["files"]):
                 while not os.path.exists(gate):
                     time.sleep(0.01)
             return commit(checkpoint, handle)
 
-        part.seal, part.precommit, part.commit_precommit = sealed, precommitted, gated
+        part.commit_precommit = gated
         return part
 
 
@@ -47,5 +38,5 @@ def build(args: dict) -> ns.Pipeline:
     p = ns.Pipeline("gated_count")
     src = p.source(ns.sources.Generator(records=records, keys=keys))
     counts = src.key_by(lambda k: k).aggregate(int, lambda n, _: n + 1)
-    counts.sink(GatedFiles(args["output"], args["gate"]))
+    counts.sink(GatedFiles(args["output"], args["gate"], int(args["hold_epoch"])))
     return p

@@ -9,7 +9,8 @@ on each channel (a Counter: the operator counts records per key), never from the
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+import datetime
+from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
@@ -18,8 +19,8 @@ from hypothesis import strategies as st
 
 import lsm
 import nosync as ns
-from nosync import statecodec
-from nosync.modes.abs import AbsHooks
+from nosync.errors import RunFailed
+from nosync.modes.abs import STATE, AbsHooks
 from nosync.operators import make_op
 
 TIMEOUT_S = 10.0
@@ -83,14 +84,13 @@ class Env:
         self.worker = Worker(str(run_dir))
         self.h.worker = self.worker
 
-    def count_op(self, name: str, inputs: tuple) -> tuple:
-        """An aggregate counting records per key, with the given input channels."""
+    def count_op(
+        self, name: str, inputs: tuple, init: Callable[[], object] = int, add: Callable = lambda n, _: n + 1
+    ) -> tuple:
+        """An aggregate counting records per key (or folding them with `init` and `add`), with
+        the given input channels."""
         p = ns.Pipeline("p")
-        stream = (
-            p.source(ns.sources.Generator(records=0))
-            .key_by(lambda r: r[0])
-            .aggregate(int, lambda n, _: n + 1, name=name)
-        )
+        stream = p.source(ns.sources.Generator(records=0)).key_by(lambda r: r[0]).aggregate(init, add, name=name)
         op = make_op(stream.node)
         down = Downstream()
         op.connect(down.push, down.marker, "out", down.event)
@@ -104,8 +104,7 @@ class Env:
 
     def saved(self, name: str, as_of: int) -> dict:
         """The counts the store of `name` holds right after seq `as_of`."""
-        store = self.h.stores[name]
-        return {k: statecodec.unpack(v) if type(v) is bytes else v for k, v in store.scan(as_of=as_of)}
+        return self.h.stores[name].load(STATE, as_of=as_of)
 
     def close(self) -> None:
         self.h.close(self.worker)
@@ -129,6 +128,13 @@ def running_counts(counts: collections.Counter, records: list) -> list:
 
 def B(n: int) -> dict:
     return {"barrier": n}
+
+
+def run_bytes(keys: list, values: list) -> int:
+    """The size of the run of one append of these columns (no deletions), as lsm/FORMAT.md
+    defines it: a 104-byte header, a u64 hash and a u32 position per key, the keys and the
+    values as one msgpack array each."""
+    return 104 + 12 * len(keys) + len(msgpack.packb(keys, use_bin_type=True)) + len(msgpack.packb(values))
 
 
 # -- one checkpoint --------------------------------------------------------------------------
@@ -168,8 +174,8 @@ def test_records_after_the_barrier_are_held_until_alignment(env):
     assert store.last_seq == 1
     assert env.saved("count", 1) == snapshot  # exactly the records before the barrier on each channel
     for k, n in snapshot.items():
-        assert store.get(k) == n  # a count is a scalar: saved as it is
-    assert store.get("k4") is None  # a key only the held records have
+        assert store.get(STATE, k) == n
+    assert store.get(STATE, "k4") is None  # a key only the held records have
     out_after = [r for batch in held for r in running_counts(counts, batch)]
 
     assert down.events() == [B(1)]  # forwarded once
@@ -184,7 +190,7 @@ def test_records_after_the_barrier_are_held_until_alignment(env):
     assert row["operator"] == "count"
     assert row["align_ms"] >= 0
     assert row["held"] == 3
-    assert row["bytes"] == len(msgpack.packb([(k, n) for k, n in snapshot.items()], use_bin_type=True))
+    assert row["bytes"] == run_bytes(list(snapshot), list(snapshot.values()))
     assert p["ops"]["count"]["inputs"] == {"a": -1, "b": -1}
 
 
@@ -225,6 +231,18 @@ def test_other_events_are_forwarded_without_blocking(env):
     op.push([("x", 0)], 0, "a")
     assert down.log == [("event", {"note": 1}), ("records", [("x", 1)], 0)]
     assert env.h.pending == {}
+
+
+def test_a_state_the_store_cannot_hold_fails_the_snapshot_naming_the_operator_and_key(env):
+    op, down = env.count_op("dated", ("a", "b"), add=lambda n, v: datetime.date(2026, 1, 1) if v == "day" else n + 1)
+    op.push([("ok", 0), ("d", "day")], 0, "a")
+    op.event("a", B(1))
+    with pytest.raises(RunFailed) as ei:
+        op.event("b", B(1))
+    msg = str(ei.value)
+    assert "operator 'dated'" in msg and "key 'd'" in msg and "date" in msg, msg
+    assert env.h.stores["dated"].last_seq == -1  # nothing of the snapshot was appended
+    assert down.events() == []  # and its barrier went no further
 
 
 # -- consecutive checkpoints ------------------------------------------------------------------

@@ -7,11 +7,13 @@ real socket pair; the workers at both ends are stand-ins for what the hooks use 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import msgpack
 
 from nosync import channels, frames
 from nosync.modes.nosync import HEADER_LINEAGE, NosyncHooks
+from nosync.modes.nosync.outlog import OutputLog
 
 RECORDS = msgpack.packb([["a", 1]])
 """The packed body of a data frame."""
@@ -27,18 +29,28 @@ class StandInWorker:
         self.credited.append(j)
 
 
+def sending_hooks(spill_dir: Path) -> NosyncHooks:
+    """Hooks of a worker that sends: with the output log `on_start` gives them (in memory;
+    the spill file, under `spill_dir`, is never needed at this size)."""
+    hooks = NosyncHooks({})
+    hooks.outlog = OutputLog(str(spill_dir / "outlog.spill"), hooks.max_out_mem)
+    return hooks
+
+
 def entries(first_step: int, n: int, peer: int) -> list[tuple]:
     """n lineage entries of frames from `peer`, at steps and chan_seqs of a long run."""
     return [(first_step + k, ("i", peer, first_step + k)) for k in range(n)]
 
 
-def send_and_receive(held: dict[int, list[tuple]]) -> tuple[list[frames.Frame], NosyncHooks, StandInWorker]:
+def send_and_receive(
+    held: dict[int, list[tuple]], spill_dir: Path
+) -> tuple[list[frames.Frame], NosyncHooks, StandInWorker]:
     """Worker 0 of 4, holding `held` (origin -> entries), sends worker 3 one data frame;
     returns the frames that arrive, and worker 3's hooks after it accepted them."""
     a, b = socket.socketpair()
     try:
         conn = channels.Connection(a, "w3", credits=channels.INITIAL_CREDITS)
-        sender = NosyncHooks({})
+        sender = sending_hooks(spill_dir)
         for origin, got in held.items():
             sender.stash.add(origin, got)
         sender.up[3] = True
@@ -60,9 +72,9 @@ def send_and_receive(held: dict[int, list[tuple]]) -> tuple[list[frames.Frame], 
     return got, receiver, me
 
 
-def test_a_backlog_goes_in_a_lineage_frame_just_before_the_data_frame():
+def test_a_backlog_goes_in_a_lineage_frame_just_before_the_data_frame(tmp_path):
     held = {0: entries(70_001, 2500, 3), 1: entries(90_001, 2500, 2), 2: entries(80_001, 2500, 1)}
-    got, receiver, me = send_and_receive(held)
+    got, receiver, me = send_and_receive(held, tmp_path)
     assert [f.kind for f in got] == [frames.LINEAGE, frames.DATA]
     assert got[0].header == {"more": 1}
     assert "lin" not in got[1].header and got[1].header["s"] == 1
@@ -73,19 +85,19 @@ def test_a_backlog_goes_in_a_lineage_frame_just_before_the_data_frame():
     assert receiver.consumed == {0: 1}
 
 
-def test_a_few_entries_ride_in_the_header():
+def test_a_few_entries_ride_in_the_header(tmp_path):
     held = {0: entries(70_001, 40, 3), 2: entries(80_001, HEADER_LINEAGE - 40, 1)}
-    got, receiver, _ = send_and_receive(held)
+    got, receiver, _ = send_and_receive(held, tmp_path)
     assert [f.kind for f in got] == [frames.DATA]
     assert sorted(got[0].header["lin"]) == [0, 2]
     for origin in (0, 2):
         assert receiver.stash.entries(origin) == held[origin]
 
 
-def test_a_broadcast_gives_each_destination_its_own_lineage():
+def test_a_broadcast_gives_each_destination_its_own_lineage(tmp_path):
     """A marker goes to every peer with one header: the lineage handed to the first must not
     ride on to the next, which had been handed it already."""
-    sender = NosyncHooks({})  # worker 0 of 3; no link up, so the frames stay in its output log
+    sender = sending_hooks(tmp_path)  # worker 0 of 3; no link up, so the frames stay in its output log
     me = StandInWorker(0)
     sender.stash.add(0, entries(501, 10, 1))
     sender.send_frame(me, 2, frames.DATA, {"e": 0}, RECORDS)  # worker 2 is handed them now
@@ -94,7 +106,7 @@ def test_a_broadcast_gives_each_destination_its_own_lineage():
         sender.send_frame(me, dest, frames.MARKER, header, msgpack.packb(None))
 
     def last_header(dest: int) -> dict:
-        (f,) = frames.FrameReader().feed(sender.outlog[dest][-1][1])
+        (f,) = frames.FrameReader().feed(sender.outlog.since(dest, 1)[-1])
         return f.header
 
     assert last_header(1)["lin"] == {0: tuple(entries(501, 10, 1))}

@@ -7,6 +7,7 @@ import json
 import os
 
 import lsm
+from nosync.modes.abs import STATE
 from nosync.runinfo import _in_use, inspect_run
 
 
@@ -24,8 +25,8 @@ def make_run(tmp_path) -> str:  # noqa: ANN001
     (run_dir / "run.json").write_text(json.dumps({"pipeline": "p", "mode": "none", "workers": 2}))
     for w in (0, 1):
         s = lsm.Store(str(run_dir / "state" / f"w{w}" / "abs"))
-        s.append(1, [("a", w)])
-        s.append(2, [("b", w)])
+        s.append(1, {STATE: {"a": w}})
+        s.append(2, {STATE: {"b": w}})
         s.close()
     return str(run_dir)
 

@@ -1,8 +1,9 @@
-"""A nosync worker takes no snapshot while `max_concurrent_snapshots` of its snapshots are still
-being persisted (not durable on the tier, or not indexed on the disk tier): a snapshot taken
-then would only queue behind the others. A real `lsm` store; its persister is held back by
-taking the lock it does each step under, so "still being persisted" is a fact, not a timing.
-The worker is a stand-in for what the hooks use of it."""
+"""When a nosync worker snapshots: not while `max_concurrent_snapshots` of its snapshots are not
+yet durable (a snapshot taken then would only queue behind the others), as soon as one is
+durable (indexing is the persister's business, not the worker's), and, once its persistence
+costs more than its budget, less often. A real `lsm` store; its persister is held back by taking
+the lock it does each step under (or by a gate on its LevelDB writes), so "not yet durable" is a
+fact, not a timing. The worker is a stand-in for what the hooks use of it."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import time
 
 import pytest
 
+import nosync as ns
 from lsm import Store
 from nosync.modes.nosync import NosyncHooks
+from nosync.modes.nosync.outlog import OutputLog
+from nosync.operators import make_op
 
 
 class StandInSource:
     finished = False
+    records_in = 0
 
 
 class StandInWorker:
@@ -24,35 +29,55 @@ class StandInWorker:
     gen = 0
     routers: list = []
     sinks: list = []
-    ops: list = []
 
-    def __init__(self) -> None:
+    def __init__(self, ops: list | None = None) -> None:
         self.sources = [StandInSource()]
+        self.ops = ops or []
         self.ctrl: list[dict] = []
 
     def send_ctrl(self, msg: dict) -> None:
         self.ctrl.append(msg)
 
 
-def hooks_on(tmp_path, **options) -> tuple[NosyncHooks, StandInWorker]:
+def counts(keys: int):
+    """A reduce operator holding `keys` keys, every one of them changed since the last snapshot."""
+    p = ns.Pipeline("p")
+    keyed = p.source(ns.sources.Generator(records=0)).key_by(lambda r: r)
+    op = make_op(keyed.reduce(lambda a, b: a + b, name="r").node)
+    op.track_dirty = True
+    op.state = {f"k{i}": i for i in range(keys)}
+    op.dirty = set(op.state)
+    return op
+
+
+def hooks_on(tmp_path, ops: list | None = None, **options) -> tuple[NosyncHooks, StandInWorker]:
     hooks = NosyncHooks({"persist_ms": 1, **options})
-    worker = StandInWorker()
+    worker = StandInWorker(ops)
     hooks.w = worker
     hooks.store = Store(str(tmp_path / "log"))
+    hooks.outlog = OutputLog(str(tmp_path / "spill"), 1 << 20)
     return hooks, worker
 
 
-def step_and_poll(hooks: NosyncHooks, worker: StandInWorker) -> None:
+def step_and_poll(hooks: NosyncHooks, worker: StandInWorker, since_s: float = 1.0) -> None:
     hooks._log(("s", 0, None))  # a step was taken since the last snapshot
-    hooks.last_snapshot -= 1.0  # and persist_ms has passed
+    hooks.last_snapshot -= since_s  # and this long has passed
     hooks.poll(worker)
 
 
-def wait_until_persisted(hooks: NosyncHooks, step: int) -> None:
+def wait_until(what: str, cond) -> None:
     deadline = time.monotonic() + 30
-    while min(hooks.store.durable("disk"), hooks.store.indexed) < step:
-        assert time.monotonic() < deadline, "the persister did not finish the snapshot in 30 s"
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} did not happen in 30 s"
         time.sleep(0.005)
+
+
+def settle(hooks: NosyncHooks, worker: StandInWorker) -> None:
+    """Waits until everything appended is durable, and lets the hooks take it in."""
+    target = hooks.store.last_seq
+    wait_until("durability", lambda: hooks.store.durable("disk") >= target)
+    hooks.poll(worker)
+    assert not hooks.pending
 
 
 @pytest.mark.parametrize("most", [1, 2])
@@ -65,48 +90,83 @@ def test_no_more_snapshots_under_way_than_allowed(tmp_path, most):
             assert hooks.snapshots == most
             held_back = hooks.snapshot_step
             assert hooks.step > held_back
-        wait_until_persisted(hooks, held_back)
+        settle(hooks, worker)
         step_and_poll(hooks, worker)
-        # the persister is done with every earlier one: the steps since are snapshotted at once
+        # every earlier one is durable: the steps since are snapshotted at once
         assert hooks.snapshots == most + 1
         assert hooks.snapshot_step == hooks.step
-        assert [m["point"]["step"] for m in worker.ctrl][-1] >= held_back
+        assert worker.ctrl[-1]["point"]["step"] >= held_back
     finally:
         hooks.store.close()
 
 
-def test_a_snapshot_durable_but_not_indexed_is_still_under_way(tmp_path):
+def test_a_snapshot_durable_but_not_indexed_is_no_longer_under_way(tmp_path):
     hooks, worker = hooks_on(tmp_path)
     gate = threading.Event()
-    # the disk tier's one LevelDB writer thread waits on the gate first: the persister logs
-    # (durable) and then blocks indexing
-    hooks.store._disk._writer.submit(gate.wait, 60)
+    disk = hooks.store._disk
+    write = disk.write
+
+    def held_write(*args, **kwargs):  # the persister logs (durable), then waits to index
+        gate.wait(60)
+        return write(*args, **kwargs)
+
+    disk.write = held_write
     try:
         step_and_poll(hooks, worker)
-        first = hooks.snapshot_step
-        deadline = time.monotonic() + 30
-        while hooks.store.durable("disk") < first:
-            assert time.monotonic() < deadline, "the snapshot was not logged in 30 s"
-            time.sleep(0.005)
+        first = hooks.store.last_seq
+        wait_until("the snapshot's log write", lambda: hooks.store.durable("disk") >= first)
         assert hooks.store.indexed < first
+        hooks.poll(worker)
+        assert hooks.durable_seq == first, "a durable snapshot was not taken in while its indexing waited"
         step_and_poll(hooks, worker)
-        assert hooks.snapshots == 1, "a snapshot was taken while the one before was not indexed"
-        gate.set()
-        wait_until_persisted(hooks, first)
-        step_and_poll(hooks, worker)
-        assert hooks.snapshots == 2
+        assert hooks.snapshots == 2, "a snapshot waited for the one before to be indexed"
     finally:
         gate.set()
         hooks.store.close()
 
 
-def test_bytes_sent_since_the_last_snapshot_count_against_the_bound(tmp_path):
-    hooks, worker = hooks_on(tmp_path, max_unpersisted_mb=1)
+def test_bytes_appended_and_not_durable_count_against_the_bound(tmp_path):
+    hooks, worker = hooks_on(tmp_path, ops=[counts(80_000)], max_unpersisted_mb=1)
     try:
         with hooks.store._tier_lock:
-            step_and_poll(hooks, worker)  # one snapshot under way, held back
-            assert hooks.may_read(worker)
-            hooks.new_out_bytes = 2 << 20  # frames sent since: not durable anywhere yet
+            step_and_poll(hooks, worker)  # a snapshot of 80,000 keys, held back
+            assert hooks.snapshots == 1 and hooks.unpersisted > 1 << 20
             assert not hooks.may_read(worker), "sources read on past the bound on bytes not durable"
+        settle(hooks, worker)
+        assert hooks.may_read(worker)
+        assert hooks.stall_s > 0
+    finally:
+        hooks.store.close()
+
+
+def test_the_interval_stretches_over_budget_and_shrinks_back(tmp_path):
+    big = counts(100_000)
+    hooks, worker = hooks_on(tmp_path, ops=[big], persist_budget=0.001)
+    try:
+        step_and_poll(hooks, worker)
+        settle(hooks, worker)
+        # 100,000 keys cost well over a millisecond to snapshot: at a 0.1% budget, the next
+        # interval is over a second, where persist_ms is 1 ms
+        stretched = hooks.interval_s
+        assert stretched > 1.0
+        step_and_poll(hooks, worker, since_s=0.5)
+        assert hooks.snapshots == 1, "a snapshot came before the stretched interval"
+        step_and_poll(hooks, worker, since_s=stretched)
+        assert hooks.snapshots == 2
+        settle(hooks, worker)
+        # that one changed nothing but a step: it cost far less, and the interval came back down
+        assert hooks.interval_s < stretched / 10
+        assert hooks.intervals[-2:] == [stretched, hooks.interval_s]
+    finally:
+        hooks.store.close()
+
+
+def test_a_generous_budget_keeps_the_shortest_interval(tmp_path):
+    hooks, worker = hooks_on(tmp_path, ops=[counts(1000)], persist_budget=1.0, persist_ms=60_000)
+    try:
+        hooks.last_snapshot = -1e9
+        step_and_poll(hooks, worker)
+        settle(hooks, worker)
+        assert hooks.interval_s == 60.0, "the interval left --persist-ms though persistence was within budget"
     finally:
         hooks.store.close()

@@ -11,7 +11,7 @@ import pytest
 
 from nosync import statecodec
 from nosync.errors import RunFailed
-from nosync.modes.nosync_span import load_results
+from nosync.modes.nosync.span import load_results
 
 
 def write_task(d, t: int, sinks: dict, keyed: dict | None = None, meta: dict | None = None) -> None:

@@ -1,26 +1,36 @@
-"""Operator state survives a snapshot: statecodec's bytes, `take_updates` and the metadata.
+"""Operator state survives a snapshot: the value codec, `take_updates` and `take_increments`
+into a real store, and the metadata.
 
-The store is modelled by a plain dict that `take_updates` batches are applied to (TOMBSTONE
-deletes), as `lsm` would hold them; the metadata is restored both as `snapshot_meta` returned it
-and as it comes back from a real checkpoint file, as in a recovery. A restored operator must then
-behave exactly as the one that was never stopped.
+Snapshots go into a real `lsm.Store` in a temporary directory as mode abs appends them
+(`take_keyed` at the store's next seq, under `STATE`) and come back as its recovery reads them
+(`restore_keyed`): from the store that took them, as a survivor restores in place, and from the
+store closed and reopened, as a restarted process does; and, as mode replay does, from
+`saved_state`. The metadata comes back both as `snapshot_meta` returned it and from a real
+checkpoint file. A restored operator must then behave exactly as the one that was never
+stopped, and every snapshot must read back as the state was when it was taken.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import datetime
 import enum
+import os
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import lsm
 import nosync as ns
 from lsm import TOMBSTONE
 from nosync import checkpoints, statecodec
 from nosync.errors import RunFailed
+from nosync.modes.abs import RETENTION, STATE, restore_keyed, take_keyed
 from nosync.operators import EOS, JoinOp, make_op
 
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
@@ -162,7 +172,7 @@ class Point(tuple):
 def test_types_that_cannot_be_written_as_data_are_refused_naming_the_type(value, name):
     """A defaultdict's factory, a namedtuple's class or an enum would not come back: refused,
     not saved as something that behaves differently once restored."""
-    with pytest.raises(TypeError, match=f"cannot save state of type {name}:"):
+    with pytest.raises(TypeError, match=f"cannot store a value of type {name}:"):
         statecodec.pack(value)
 
 
@@ -186,12 +196,7 @@ def test_bytearray_and_memoryview_come_back_as_bytes():
         assert type(back) is bytes and back == b"ab"
 
 
-# -- operators: take_updates / restore_keyed / snapshot_meta / restore_meta -------------------
-
-
-def saved(v):
-    """A value as `take_updates` saved it, read back: scalars as they are, the rest statecodec bytes."""
-    return statecodec.unpack(v) if type(v) is bytes else v
+# -- operators: take_updates / take_increments into a store, restore, snapshot_meta --------------
 
 
 C0, C1 = ("x", 3, 0), ("x", 3, 1)  # channels named as the worker names exchange inputs
@@ -233,26 +238,51 @@ def build(kind: str):
     return op, wire(op, CHANNELS)
 
 
+def track(op) -> None:
+    """Has `op` collect its updates as `worker.build_ops` does for a mode that persists them:
+    the keys it changes, or for a join, what each batch appended to its sides."""
+    if isinstance(op, JoinOp):
+        op.incremental = True
+    else:
+        op.track_dirty = True
+
+
 def value_for(kind: str, v: int) -> object:
     return (v,) if kind == "reduce" else v
 
 
-def apply_updates(model: dict, updates: list) -> None:
-    keys = [k for k, _ in updates]
-    assert len(keys) == len(set(keys)), "a key twice in one batch of updates"
-    for k, v in updates:
-        if v is TOMBSTONE:
-            model.pop(k, None)
-        else:
-            assert type(v) is bytes
-            model[k] = v
+def sides_of(increments: dict) -> dict:
+    """A join's state as its logged increments ((key, side, index) -> value) describe it,
+    checking that each side's indices are 0, 1, 2... with none missing."""
+    state: dict = {}
+    for (k, side, i), v in sorted(increments.items(), key=lambda kv: kv[0][2]):
+        sides = state.setdefault(k, ([], []))
+        assert i == len(sides[side]), f"increment {i} of side {side} of key {k!r} after {len(sides[side])}"
+        sides[side].append(v)
+    return state
 
 
-def snapshot_into(op, model: dict) -> None:
-    """Applies `take_updates` to the store model and checks it now holds the whole state."""
-    updates = op.take_updates()
-    apply_updates(model, updates)
-    assert_same_state(op.state, {k: saved(v) for k, v in model.items()})
+def stored_state(store: lsm.Store, op, as_of: int | None = None) -> dict:
+    """The keyed state of `op` its store holds right after seq `as_of` (None: the last)."""
+    held = store.load(STATE, as_of=as_of)
+    return sides_of(held) if isinstance(op, JoinOp) else held
+
+
+def snapshot_into(op, store: lsm.Store, taken: dict) -> None:
+    """Appends the updates of `op` at the store's next seq, as mode abs does at a barrier;
+    checks that the store now holds the whole state, and keeps a copy of it in `taken`."""
+    seq = store.last_seq + 1
+    store.append(seq, {STATE: take_keyed(op)})
+    taken[seq] = copy.deepcopy(op.state)
+    assert_same_state(op.state, stored_state(store, op))
+
+
+def assert_snapshots_read_back(store: lsm.Store, op, taken: dict, when: str) -> None:
+    """Every snapshot in `taken` (seq -> the state then) reads back from `store` as it was."""
+    for seq, state in taken.items():
+        got = stored_state(store, op, as_of=seq)
+        assert got == state, f"{when}: the snapshot at seq {seq} reads back as {got!r}, not {state!r}"
+        assert_same_state(state, got)
 
 
 def meta_through_checkpoint_file(meta: dict) -> dict:
@@ -260,6 +290,17 @@ def meta_through_checkpoint_file(meta: dict) -> dict:
     with tempfile.TemporaryDirectory() as d:
         path = checkpoints.write(d, 1, checkpoints.body("p", 1, {0: {"ops": {"op": meta}}}))
         return checkpoints.read(path)["workers"][0]["ops"]["op"]
+
+
+def restored(kind: str, meta: dict, restore_state: Callable) -> tuple:
+    """A fresh operator of `kind` given its keyed state by `restore_state(op)`, then `meta`;
+    checked to hold no update of its own (a restore is not an update)."""
+    op, out = build(kind)
+    track(op)
+    restore_state(op)
+    op.restore_meta(meta)
+    assert take_keyed(op) == ([], [])
+    return op, out
 
 
 keys = st.sampled_from(["a", "b", ("t", 1), 7])
@@ -308,173 +349,203 @@ def normalized(kind: str, batches: list) -> list:
 def test_restored_operator_behaves_as_the_original(kind, before, after):
     epochs = dict.fromkeys(CHANNELS, 0)
     orig, out = build(kind)
-    orig.track_dirty = True
-    model: dict = {}
-    for call in calls_of(kind, before, epochs):
-        if call[0] == "snap":
-            snapshot_into(orig, model)
-        else:
-            apply_call(orig, call)
-    snapshot_into(orig, model)
-    assert orig.take_updates() == []  # nothing new since
-    raw_meta = orig.snapshot_meta()
+    track(orig)
+    taken: dict = {}
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "store")
+        store = lsm.Store(path, retention=RETENTION)
+        try:
+            for call in calls_of(kind, before, epochs):
+                if call[0] == "snap":
+                    snapshot_into(orig, store, taken)
+                else:
+                    apply_call(orig, call)
+            snapshot_into(orig, store, taken)
+            assert take_keyed(orig) == ([], [])  # nothing new since
+            raw_meta = orig.snapshot_meta()
+            file_meta = meta_through_checkpoint_file(raw_meta)
+            # a survivor restores in place, from the store that took the snapshots
+            copies = [restored(kind, raw_meta, lambda op: restore_keyed(op, store))]
+        finally:
+            store.close()
+        with lsm.Store(path, retention=RETENTION) as reopened:
+            assert_snapshots_read_back(reopened, orig, taken, "reopened")
+            # a restarted process, from the store reopened; mode replay, from `saved_state`
+            copies.append(restored(kind, file_meta, lambda op: restore_keyed(op, reopened)))
+            saved = orig.saved_state()
+            copies.append(restored(kind, file_meta, lambda op: op.restore_keyed(saved)))
+            for op, _ in copies:
+                assert_same_state(orig.state, op.state)
+                if kind == "join":
+                    for sides in op.state.values():
+                        assert type(sides) is tuple and all(type(s) is list for s in sides)
 
-    restored = []
-    for meta in (raw_meta, meta_through_checkpoint_file(raw_meta)):
-        op, op_out = build(kind)
-        op.track_dirty = True
-        op.restore_keyed(list(model.items()))
-        op.restore_meta(meta)
-        assert_same_state(orig.state, op.state)
-        assert op.take_updates() == []  # a restore is not an update
-        restored.append((op, op_out))
-    if kind == "join":
-        for op, _ in restored:
-            for sides in op.state.values():
-                assert type(sides) is tuple and all(type(s) is list for s in sides)
-
-    n_batches, n_markers = len(out.batches), len(out.markers)
-    rest = calls_of(kind, after, epochs) + [("marker", ch, epochs[ch], True) for ch in CHANNELS]
-    for call in rest:
-        apply_call(orig, call)
-        for op, _ in restored:
-            apply_call(op, call)
-    expected_updates = orig.take_updates()
-    expected_updates = {k: v if v is TOMBSTONE else saved(v) for k, v in expected_updates}
-    for op, op_out in restored:
-        assert normalized(kind, op_out.batches) == normalized(kind, out.batches[n_batches:])
-        assert op_out.markers == out.markers[n_markers:]
-        assert op_out.markers[-1][0] == EOS
-        assert_same_state(orig.state, op.state)
-        assert op.frontier == orig.frontier and op.last_epoch == orig.last_epoch
-        assert op.metrics()["keys"] == len(orig.state)
-        got_updates = op.take_updates()
-        assert {k: v if v is TOMBSTONE else saved(v) for k, v in got_updates} == expected_updates
-    if kind == "window":
-        for op, _ in restored:
-            assert op.late == orig.late
+            n_batches, n_markers = len(out.batches), len(out.markers)
+            rest = calls_of(kind, after, epochs) + [("marker", ch, epochs[ch], True) for ch in CHANNELS]
+            for call in rest:
+                apply_call(orig, call)
+                for op, _ in copies:
+                    apply_call(op, call)
+            keys_, values = take_keyed(orig)
+            expected_updates = dict(zip(keys_, values, strict=True))
+            for op, op_out in copies:
+                assert normalized(kind, op_out.batches) == normalized(kind, out.batches[n_batches:])
+                assert op_out.markers == out.markers[n_markers:]
+                assert op_out.markers[-1][0] == EOS
+                assert_same_state(orig.state, op.state)
+                assert op.frontier == orig.frontier and op.last_epoch == orig.last_epoch
+                assert op.metrics()["keys"] == len(orig.state)
+                got_keys, got_values = take_keyed(op)
+                assert len(got_keys) == len(set(got_keys)), "a key twice in one snapshot's updates"
+                assert dict(zip(got_keys, got_values, strict=True)) == expected_updates
+            if kind == "window":
+                for op, _ in copies:
+                    assert op.late == orig.late
+            assert_snapshots_read_back(reopened, orig, taken, "after the restored operators ran on")
 
 
 def test_take_updates_twice_without_input_returns_nothing():
     op, _ = build("aggregate")
-    op.track_dirty = True
+    track(op)
     op.push([("a", 1), ("b", 2), ("a", 3)], 0, C0)
-    updates = op.take_updates()
-    assert sorted(k for k, _ in updates) == ["a", "b"]
-    assert {k: saved(v) for k, v in updates} == {
+    keys_, values = op.take_updates()
+    assert sorted(keys_) == ["a", "b"]
+    assert dict(zip(keys_, values, strict=True)) == {
         "a": {"n": 2, "last": (1, 3)},
         "b": {"n": 1, "last": (2,)},
     }
-    assert op.take_updates() == []
+    assert op.take_updates() == ([], [])
     op.push([("b", 4)], 1, C1)
-    updates = op.take_updates()
-    assert [(k, saved(v)) for k, v in updates] == [("b", {"n": 2, "last": (2, 4)})]
+    assert op.take_updates() == (["b"], [{"n": 2, "last": (2, 4)}])
 
 
 def test_stateful_map_forgotten_key_is_a_tombstone():
     op, _ = build("stateful_map")
-    op.track_dirty = True
+    track(op)
     op.push([("a", 1), ("b", 1), ("a", 2)], 0, C0)
-    updates = op.take_updates()
-    assert {k: saved(v) for k, v in updates} == {"a": (2, [1, 2]), "b": (1, [1])}
+    assert dict(zip(*op.take_updates(), strict=True)) == {"a": (2, [1, 2]), "b": (1, [1])}
     op.push([("a", 3)], 0, C0)  # a's third record: fn returns None, the key is forgotten
     assert "a" not in op.state
-    assert op.take_updates() == [("a", TOMBSTONE)]
+    assert op.take_updates() == (["a"], [TOMBSTONE])
     op.push([("c", 1), ("c", 2), ("c", 3)], 1, C1)  # created and forgotten between two snapshots
-    assert op.take_updates() == [("c", TOMBSTONE)]
+    assert op.take_updates() == (["c"], [TOMBSTONE])
 
 
 def test_window_key_whose_windows_all_closed_is_a_tombstone():
     op, out = build("window")
-    op.track_dirty = True
+    track(op)
     op.push([("a", 1), ("b", 2), ("b", 7)], 0, C0)
     op.push([("a", 12)], 0, C1)
-    updates = op.take_updates()
-    assert {k: saved(v) for k, v in updates} == {"a": {0: [1], 10: [12]}, "b": {0: [2], 5: [7]}}
+    assert dict(zip(*op.take_updates(), strict=True)) == {"a": {0: [1], 10: [12]}, "b": {0: [2], 5: [7]}}
     op.marker(C0, 0, None, False)
     op.marker(C1, 0, None, False)  # watermark min(7, 12) = 7: [0, 5) closes for a and b
     assert sorted(r for recs, _ in out.batches for r in recs) == [("a", (0, [1])), ("b", (0, [2]))]
-    updates = op.take_updates()
-    assert {k: saved(v) for k, v in updates} == {"a": {10: [12]}, "b": {5: [7]}}
+    assert dict(zip(*op.take_updates(), strict=True)) == {"a": {10: [12]}, "b": {5: [7]}}
     op.push([("a", 20)], 1, C0)
     op.push([("a", 21)], 1, C1)
     op.take_updates()
     op.marker(C0, 1, None, False)
     op.marker(C1, 1, None, False)  # watermark 20: b's [5, 10) and a's [10, 15) close, b is empty
-    updates = dict(op.take_updates())
-    assert updates.keys() == {"a", "b"}
-    assert updates["b"] is TOMBSTONE
-    assert statecodec.unpack(updates["a"]) == {20: [20, 21]}
+    assert dict(zip(*op.take_updates(), strict=True)) == {"a": {20: [20, 21]}, "b": TOMBSTONE}
     op.marker(C0, 2, None, True)
     op.marker(C1, 2, None, True)  # end of input: everything closes
-    assert op.take_updates() == [("a", TOMBSTONE)]
+    assert op.take_updates() == (["a"], [TOMBSTONE])
     assert op.state == {}
 
 
-def restored_copy(kind: str, op) -> tuple:
-    """A fresh operator restored from a snapshot of `op` taken now (its first one)."""
-    model: dict = {}
-    apply_updates(model, op.take_updates())
+def restored_copy(kind: str, op, path: Path) -> tuple:
+    """A fresh operator restored from a snapshot of `op` taken now (its first one), as a
+    restarted process restores: from its store reopened, and a real checkpoint file."""
+    with lsm.Store(str(path)) as store:
+        store.append(1, {STATE: take_keyed(op)})
     meta = meta_through_checkpoint_file(op.snapshot_meta())
-    copy, out = build(kind)
-    copy.restore_keyed(model.items())
-    copy.restore_meta(meta)
-    return copy, out
+    twin, out = build(kind)
+    with lsm.Store(str(path)) as store:
+        restore_keyed(twin, store)
+    twin.restore_meta(meta)
+    return twin, out
 
 
-def test_restored_window_drops_records_of_windows_closed_before_the_snapshot():
+def test_restored_window_drops_records_of_windows_closed_before_the_snapshot(tmp_path):
     op, out = build("window")
-    op.track_dirty = True
+    track(op)
     op.push([("a", 1), ("a", 6)], 0, C0)
     op.push([("a", 8)], 0, C1)
     op.marker(C0, 0, None, False)
     op.marker(C1, 0, None, False)  # watermark 6: [0, 5) closed
     assert [r for recs, _ in out.batches for r in recs] == [("a", (0, [1]))]
-    copy, copy_out = restored_copy("window", op)
-    for o in (op, copy):
+    twin, twin_out = restored_copy("window", op, tmp_path / "store")
+    for o in (op, twin):
         o.push([("a", 2), ("a", 9)], 1, C0)  # 2 is late: its window closed before the snapshot
         o.marker(C0, 1, None, True)
         o.marker(C1, 1, None, True)
-    assert copy.late == op.late == 1
-    assert copy_out.batches == out.batches[1:] == [([("a", (5, [6, 8, 9]))], 2)]
+    assert twin.late == op.late == 1
+    assert twin_out.batches == out.batches[1:] == [([("a", (5, [6, 8, 9]))], 2)]
 
 
-def test_restored_window_remembers_times_seen_since_the_last_marker():
+def test_restored_window_remembers_times_seen_since_the_last_marker(tmp_path):
     op, out = build("window")
-    op.track_dirty = True
+    track(op)
     op.push([("a", 3)], 0, C0)
     op.push([("a", 4)], 0, C1)
     op.marker(C0, 0, None, False)
     op.marker(C1, 0, None, False)  # watermark 3: nothing closes
     op.push([("a", 12)], 1, C0)
     op.push([("b", 11)], 1, C1)  # snapshot here: the times 12 and 11 are in no watermark yet
-    copy, copy_out = restored_copy("window", op)
-    for o in (op, copy):
+    twin, twin_out = restored_copy("window", op, tmp_path / "store")
+    for o in (op, twin):
         o.marker(C0, 1, None, False)
         o.marker(C1, 1, None, False)  # watermark 11: [0, 5) closes
     assert out.batches == [([("a", (0, [3, 4]))], 1)]
-    assert copy_out.batches == out.batches
-    assert copy_out.markers == out.markers[1:] == [(1, 11, False)]
+    assert twin_out.batches == out.batches
+    assert twin_out.markers == out.markers[1:] == [(1, 11, False)]
 
 
-def test_restored_join_sides_are_lists_to_append_to():
+def test_join_increments_are_the_values_each_side_appended():
     op, _ = build("join")
-    op.track_dirty = True
-    op.push([("k", "l1")], 0, C0)
+    track(op)
+    op.push([("k", "l1"), ("j", "l1"), ("k", "l2")], 0, C0)
     op.push([("k", "r1")], 0, C1)
-    model: dict = {}
-    apply_updates(model, op.take_updates())
-    restored, out = build("join")
-    restored.restore_keyed(model.items())
-    assert restored.state == {"k": (["l1"], ["r1"])}
-    restored.push([("k", "l2")], 1, C0)
-    restored.push([("k", "r2")], 1, C1)
+    assert op.take_increments() == ([("k", 0, 0), ("j", 0, 0), ("k", 0, 1), ("k", 1, 0)], ["l1", "l1", "l2", "r1"])
+    assert op.take_increments() == ([], [])
+    op.push([("j", "r1")], 1, C1)
+    assert op.take_increments() == ([("j", 1, 0)], ["r1"])
+
+
+def test_restored_join_sides_are_lists_to_append_to(tmp_path):
+    op, _ = build("join")
+    track(op)
+    op.push([("k", "l1"), ("k", "l2")], 0, C0)
+    op.push([("k", "r1")], 0, C1)
+    twin, out = restored_copy("join", op, tmp_path / "store")
+    assert twin.state == {"k": (["l1", "l2"], ["r1"])}
+    twin.push([("k", "l3")], 1, C0)
+    twin.push([("k", "r2")], 1, C1)
     assert [r for recs, _ in out.batches for r in recs] == [
-        ("k", ("l2", "r1")),
+        ("k", ("l3", "r1")),
         ("k", ("l1", "r2")),
         ("k", ("l2", "r2")),
+        ("k", ("l3", "r2")),
     ]
-    assert restored.state == {"k": (["l1", "l2"], ["r1", "r2"])}
+    assert twin.state == {"k": (["l1", "l2", "l3"], ["r1", "r2"])}
+
+
+def test_a_restored_operator_running_on_leaves_its_snapshot_as_it_was(tmp_path):
+    """The state a restore takes from a store is the operator's own from then on: what it
+    processes next changes it in place (a window's windows, a list a user function appends
+    to), never what the store holds, which a later recovery, a rollback or a rewind reads."""
+    op, _ = build("window")
+    track(op)
+    op.push([("a", 1)], 0, C0)
+    path = str(tmp_path / "store")
+    with lsm.Store(path) as store:
+        store.append(1, {STATE: take_keyed(op)})
+    with lsm.Store(path) as store:
+        twin, _ = restored("window", op.snapshot_meta(), lambda o: restore_keyed(o, store))
+        twin.push([("a", 2), ("a", 7)], 1, C0)
+        assert twin.state == {"a": {0: [1, 2], 5: [7]}}
+        assert store.load(STATE) == {"a": {0: [1]}}
+        assert store.get(STATE, "a") == {0: [1]}
 
 
 # -- key_by refuses keys the store cannot hold ----------------------------------------------

@@ -1,7 +1,7 @@
 """Mode nosync: a recovery's span re-executed as one Spark batch job, parallel over keys.
 
 A worker that recovers restores its last durable snapshot S and re-executes the logged steps
-after it, up to the last step L its survivors depend on. With `--replay-threshold-records N`,
+after it (`recovery.py`), up to the last step L it or its survivors logged. With `--replay-threshold-records N`,
 when that span holds more than N records, the steps up to a cut P inside it go to a Spark job
 instead (`run_span`), and only the steps after P are re-executed one by one.
 
@@ -36,6 +36,7 @@ when no cut in the span qualifies, recovery re-executes record by record, and sa
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -44,11 +45,16 @@ from lsm import TOMBSTONE
 from nosync import frames, statecodec
 from nosync.errors import RunFailed
 from nosync.modes import WorkerHooks, read_store
-from nosync.modes.nosync import META, _pack, _unpack
-from nosync.operators import MISSING_STATE, KeyedOp, SinkOp
+from nosync.modes.nosync.layout import META, store_state
+from nosync.modes.nosync.layout import pack as _pack
+from nosync.modes.nosync.layout import unpack as _unpack
+from nosync.modes.nosync.recovery import next_frame
+from nosync.operators import KeyedOp, Op, SinkOp
 from nosync.pipeline import KEYED_KINDS
 from nosync.sinks import SinkPart
 from nosync.worker import Router, Worker, key_hash
+
+log = logging.getLogger("nosync.nosync")
 
 
 def _below_keyed(p: Any) -> dict[int, bool]:
@@ -197,15 +203,15 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         copy = os.path.join(scratch, "store")
         copy_store(os.path.join(job["dir"], "base"), copy)
         store = read_store(copy)
-        restore = int(span["restore_step"])
-        raw = store.get(META, as_of=restore) if restore > 0 else None
+        restore = int(span["restore_seq"])
+        raw = store.get(META, 0, as_of=restore) if restore >= 0 else None
         metas = _unpack(raw)["ops"] if raw is not None else {}
         for i, op in enumerate(w.ops):
             m = metas.get(op.name)
             if m is not None:
                 op.restore_meta(m)
             if isinstance(op, KeyedOp) and raw is not None:
-                op.lazy(lambda key, i=i: store.get((i, key), as_of=restore, default=MISSING_STATE))
+                store_state(store, i, op, restore)
         read0 = sum(src.records_in for src in w.sources)
         inputs = iter(span["frames"])
         for step, entry in span["entries"]:
@@ -220,7 +226,10 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         keyed = {}
         for i, op in enumerate(w.ops):
             if isinstance(op, KeyedOp):
-                keyed[i] = [(k, None, True) if v is TOMBSTONE else (k, v, False) for k, v in op.take_updates()]
+                keyed[i] = [
+                    (k, None, True) if v is TOMBSTONE else (k, statecodec.pack(v), False)
+                    for k, v in zip(*op.take_updates(), strict=True)
+                ]
         out = {
             "task": task,
             "keyed": keyed,
@@ -326,3 +335,190 @@ def _check_order(name: str, rows: list) -> None:
                 raise RunFailed(
                     f"sink '{name}': key {rec[0]!r:.40} was written by two tasks in one step; their order is unknown"
                 )
+
+
+# -- the recovering worker's side ------------------------------------------------------------
+
+COVER_TIMEOUT_S = 30.0
+"""How long a worker whose span job is done waits for its survivors' durable points to cover
+the job's cut (they were asked for a snapshot) before it re-executes the span itself."""
+
+
+def hand_over(self: Any, worker: Any, entries: list, pump: Any) -> int:
+    """With a replay threshold: when the span to re-execute holds more records than it,
+    hands the steps up to its last usable cut to a Spark batch job (`nosync_span`) and
+    loads what the job computed. Returns how many of `entries` that covered (0: none; the
+    reason is kept in `span_reason`)."""
+    import shutil
+
+    from lsm.files import copy_store
+
+    me, W = worker.index, worker.workers
+    if self.cut_steps == 0:
+        return 0  # the pipeline is not eligible: `span_reason` says why
+    # the records the span reads again and takes from peers, a full chunk per step at most
+    size = sum(1 for _, e in entries if e[0] in ("s", "i")) * worker.batch_size
+    if size <= int(self.threshold):
+        self.span_reason = f"the span ({size:,} records at most) is within the threshold"
+        return 0
+    cut = None
+    for x, (_, e) in enumerate(entries):
+        if e[0] == "C" and all(int(e[1][j]) <= self.peer_consumed.get(j, 0) for j in range(W) if j != me):
+            cut = x
+    if cut is None:
+        self.span_reason = "the span holds no cut whose frames every survivor had consumed"
+        return 0
+    t0 = time.perf_counter()
+    counters = [int(c) for c in entries[cut][1][1]]
+    taken = entries[: cut + 1]
+    # the frames of the span, per link, and for the job in the order the steps consumed them
+    got: dict[int, list] = {}
+    inputs = []
+    for _, e in taken:
+        if e[0] == "i":
+            j = int(e[1])
+            f = next_frame(self, j, int(e[2]), pump)
+            worker.credit(j)  # held here, not in the link's window
+            got.setdefault(j, []).append(f)
+            inputs.append((j, f.kind, f.header, f.body))
+
+    def give_back() -> None:
+        for j, fs in got.items():
+            self.queue[j].extendleft(reversed(fs))
+
+    spans = os.path.join(worker.spec["run_dir"], "span")
+    for old in os.listdir(spans) if os.path.isdir(spans) else ():
+        if old.startswith(f"w{me}-"):
+            shutil.rmtree(os.path.join(spans, old), ignore_errors=True)  # a lost attempt's
+    job_dir = os.path.join(spans, f"w{me}-a{worker.attempt}-s{self.step}")
+    os.makedirs(job_dir)
+    with open(os.path.join(job_dir, "span.msgpack"), "wb") as out:
+        out.write(_pack({"restore_step": self.step, "restore_seq": self.snap_seq, "entries": taken, "frames": inputs}))
+    t1 = time.perf_counter()
+    # the job reads the store at the snapshot from a copy, made while nobody writes it
+    if self.loader is not None:
+        self.loader.wait()
+        self.loader.install_done(worker)
+    path = self.store.path
+    self.store.close()
+    try:
+        copy_store(path, os.path.join(job_dir, "base"))
+    finally:
+        self.store = None
+        self._open_store(worker)
+    t2 = time.perf_counter()
+    covered = _covered(self, counters)
+    if not covered:
+        worker.send_ctrl({"type": "mode", "op": "cover", "gen": worker.gen})
+    self.span_done = None
+    worker.send_ctrl(
+        {
+            "type": "mode",
+            "op": "span",
+            "gen": worker.gen,
+            "dir": job_dir,
+            "tasks": W,
+            "step": self.step,
+        },
+    )
+    while self.span_done is None or self.span_done.get("dir") != job_dir:
+        pump(0.05)
+        covered = covered or _covered(self, counters)
+    done, self.span_done = self.span_done, None
+    why = done.get("error")
+    t3 = waited = time.perf_counter()
+    while why is None and not covered:
+        if time.perf_counter() - waited > COVER_TIMEOUT_S:
+            why = f"the survivors' durable points did not cover the cut within {COVER_TIMEOUT_S:.0f}s"
+            break
+        pump(0.05)
+        covered = _covered(self, counters)
+    result = None
+    if why is None:
+        try:
+            ordered = {op.name for op in worker.sinks if op.part.order_matters}
+            result = load_results(job_dir, W, ordered)
+        except Exception as e:  # noqa: BLE001 - the worker re-executes the span itself
+            why = f"{type(e).__name__}: {e}"
+    if result is None:
+        log.warning("worker %s: the span job is not used (%s): re-executing record by record", me, why)
+        self.span_reason = f"the span job was not used: {why}"
+        give_back()
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return 0
+    t4 = time.perf_counter()
+    _apply_span(self, worker, taken, counters, got, result)
+    shutil.rmtree(job_dir, ignore_errors=True)
+    t5 = time.perf_counter()
+    self.span_s += t5 - t0
+    # where the time went: the span's frames gathered and written, the store copied, the
+    # job (as the driver timed it, and as waited for here), the survivors' cover, loading
+    self.span_parts = {
+        "gather_s": t1 - t0,
+        "copy_s": t2 - t1,
+        "job_s": float(done.get("seconds", 0.0)),
+        "wait_s": t3 - t2,
+        "cover_s": t4 - t3,
+        "load_s": t5 - t4,
+    }
+    self.span_reason = None
+    return len(taken)
+
+def _covered(self: Any, counters: list) -> bool:
+    """Whether every survivor's durable point covers the frames produced up to the cut."""
+    me = self.w.index
+    for j, c in enumerate(counters):
+        if j != me and c > int((self.peer_points.get(j) or {}).get("consumed", {}).get(me, 0)):
+            return False
+    return True
+
+def _apply_span(self: Any, worker: Any, taken: list, counters: list, got: dict, result: dict) -> None:
+    """The worker as it stood after the last step of `taken` (a cut): the job's keyed state,
+    frontiers, source positions and sink records, and the counters of the steps."""
+    me = worker.index
+    for i, items in result["keyed"].items():
+        op = worker.ops[i]
+        looked = getattr(op, "looked", None)
+        for k, v, deleted in items:
+            if deleted:
+                op.state.pop(k, None)
+            else:
+                op.state[k] = statecodec.unpack(v)
+            op.dirty.add(k)
+            if looked is not None:
+                looked.add(k)
+    metas = result["meta"]
+    for op in worker.ops:
+        m = metas.get(op.name)
+        if m is None:
+            continue
+        if isinstance(op, SinkOp):
+            Op.restore_meta(op, m)  # its pre-commits and commits stay the snapshot's
+        else:
+            op.restore_meta(m)
+    worker.clock.ts = 0.0  # records staged here have no ingest time to measure from
+    for op in worker.sinks:
+        for epoch, recs in result["sinks"].get(op.name, ()):
+            op.records_in += len(recs)
+            op.process(list(recs), epoch, None)
+        if op.frontier >= 0:
+            op.part.seal(op.frontier)
+    for _, entry in taken:
+        if entry[0] == "i":
+            self.consumed[int(entry[1])] = int(entry[2])
+    for j, fs in got.items():
+        fp = self.fps.setdefault(j, {})
+        for f in fs:
+            fp[f.header["s"]] = f.header.get("fp")
+    self.stash.add(me, [(int(step), tuple(entry)) for step, entry in taken])
+    self.step = int(taken[-1][0])
+    self.produced = {d: c for d, c in enumerate(counters) if d != me and c}
+    for d in list(self.outlog.frames):
+        # produced before the cut: every receiver's durable point covers them
+        self.outlog.trim(d, self.produced.get(d, 0))
+    self.replayed_steps += len(taken)
+    self.span_steps += len(taken)
+    self.span_records += int(result["read"]) + sum(
+        len(f.body) for fs in got.values() for f in fs if f.kind == frames.DATA
+    )
+

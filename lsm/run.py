@@ -1,0 +1,453 @@
+"""Runs: one state's updates of one or more seqs, encoded in bulk as columns.
+
+A run is the store's unit of state. `append` turns each state's changed keys into a
+`PendingRun` (the key column as given, the value column packed by one msgpack call, the
+positions of deletions); the persister encodes it (`PendingRun.encode`): a sorted key-hash
+column (`codec.key_hashes`, C calls only) with the permutation that sorts it, and the key
+column packed by one call. No Python runs per key on either side.
+
+A merge (`merge`) folds consecutive runs of one state into one multi-version run: its *latest*
+block holds the newest version of every key (what `load` applies), its *history* block the
+older versions that some read at or after the retention horizon can still see (what an as-of
+read inside the run's seq range needs). FORMAT.md defines the bytes.
+
+`RunView` reads an encoded run without copying it: the fixed-width columns are numpy views of
+the bytes, the msgpack columns are decoded on first use. `get` is a binary search of the hash
+column; `apply` is `dict.update(zip(keys, values))` and one `pop` per deletion.
+"""
+
+from __future__ import annotations
+
+import struct
+from operator import eq, itemgetter
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from lsm.codec import TOMBSTONE, key_hashes, pack_keys, pack_values, unpack_keys, unpack_values
+from lsm.errors import CorruptLogError, FormatVersionError
+
+RUN_MAGIC = b"NSRN"
+RUN_VERSION = 2
+MULTI = 1
+"""Flag: the run holds a seq column and a history block (a merge wrote it)."""
+HEADER = struct.Struct("<4sHHQQIIIIQQQ10I")
+SECTIONS = ("hashes", "order", "keys", "values", "dels", "seqs", "h_hashes", "h_keys", "h_values", "h_seqs")
+MISSING = object()
+_U64 = np.dtype("<u8")
+_U32 = np.dtype("<u4")
+
+
+def _bounds(sorted_hashes: np.ndarray) -> tuple[int, int]:
+    if len(sorted_hashes) == 0:
+        return 1, 0  # an empty range: no key hash falls in it
+    return int(sorted_hashes[0]), int(sorted_hashes[-1])
+
+
+def _assemble(
+    lo: int,
+    hi: int,
+    flags: int,
+    n: int,
+    ndel: int,
+    nhist: int,
+    hmin: int,
+    hmax: int,
+    sections: list[bytes],
+) -> bytes:
+    body = b"".join(sections)
+    head = HEADER.pack(
+        RUN_MAGIC,
+        RUN_VERSION,
+        flags,
+        lo,
+        hi,
+        n,
+        ndel,
+        nhist,
+        0,
+        hmin,
+        hmax,
+        xxhash.xxh3_64_intdigest(body),
+        *(len(s) for s in sections),
+    )
+    return head + body
+
+
+class PendingRun:
+    """A run as appended, before the persister encodes it (single seq, in column order).
+
+    Within it a later column holds the newer version of a key; `dels` lists the deletions that
+    are a key's last column (a key deleted and then set again in one batch is set)."""
+
+    __slots__ = ("seq", "keys", "keys_b", "values_b", "dels", "_values", "_index")
+
+    def __init__(self, seq: int, keys: list, keys_b: bytes, values_b: bytes, dels: list[int]) -> None:
+        self.seq = seq
+        self.keys = keys
+        self.keys_b = keys_b
+        self.values_b = values_b
+        self.dels = dels
+        self._values: list | None = None
+        self._index: dict | None = None
+
+    @property
+    def lo(self) -> int:
+        return self.seq
+
+    @property
+    def hi(self) -> int:
+        return self.seq
+
+    @property
+    def n(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the encoded run."""
+        n = len(self.keys)
+        return HEADER.size + 12 * n + len(self.keys_b) + len(self.values_b) + 4 * len(self.dels)
+
+    @property
+    def values(self) -> list:
+        """The value column, decoded anew: the caller owns what it gets."""
+        return unpack_values(self.values_b)
+
+    def lookup(self, key: Any, h: int, as_of: int) -> Any:
+        if as_of < self.seq:
+            return MISSING
+        if self._index is None:
+            self._index = dict(zip(self.keys, range(len(self.keys)), strict=True))
+            self._values = unpack_values(self.values_b)
+        i = self._index.get(key)
+        return MISSING if i is None else own(self._values[i])
+
+    def apply(self, d: dict, as_of: int | None = None) -> None:
+        """Makes `d` the state after this run (REQUIRES: `as_of` None or at least its seq)."""
+        keys = self.keys
+        d.update(zip(keys, self.values, strict=True))
+        pop = d.pop
+        for i in self.dels:
+            pop(keys[i], None)
+
+    def entries(self) -> tuple[list, list, np.ndarray, np.ndarray]:
+        """keys, values, seqs and hashes of every entry, in column order (for a merge)."""
+        n = len(self.keys)
+        return list(self.keys), self.values, np.full(n, self.seq, _U64), key_hashes(self.keys)
+
+    def encode(self) -> bytes:
+        """The run's bytes: the hash column and its permutation computed, the keys packed."""
+        keys = self.keys
+        hashes = key_hashes(keys)
+        order = np.argsort(hashes, kind="stable").astype(_U32)
+        sorted_h = hashes[order]
+        hmin, hmax = _bounds(sorted_h)
+        sections = [
+            sorted_h.astype(_U64, copy=False).tobytes(),
+            order.tobytes(),
+            self.keys_b,
+            self.values_b,
+            np.asarray(self.dels, dtype=_U32).tobytes(),
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
+        ]
+        return _assemble(self.seq, self.seq, 0, len(keys), len(self.dels), 0, hmin, hmax, sections)
+
+
+class RunView:
+    """An encoded run, read in place. `where` names it in errors (the store and the run)."""
+
+    __slots__ = (
+        "data",
+        "where",
+        "flags",
+        "lo",
+        "hi",
+        "n",
+        "ndel",
+        "nhist",
+        "hmin",
+        "hmax",
+        "_off",
+        "_keys",
+        "_values",
+        "_hkeys",
+        "_hvalues",
+        "_hashes",
+        "_order",
+    )
+
+    def __init__(self, data: bytes, where: str, verify: bool = True) -> None:
+        if len(data) < HEADER.size:
+            raise CorruptLogError(where, 0, f"run shorter than its header ({len(data)} bytes)")
+        fields = HEADER.unpack_from(data, 0)
+        magic, version, flags, lo, hi, n, ndel, nhist, _, hmin, hmax, checksum = fields[:12]
+        lengths = fields[12:]
+        if magic != RUN_MAGIC:
+            raise CorruptLogError(where, 0, "not a run (bad magic)")
+        if version != RUN_VERSION:
+            raise FormatVersionError(where, version, RUN_VERSION)
+        if HEADER.size + sum(lengths) != len(data):
+            raise CorruptLogError(where, 0, "run length does not match its sections")
+        if verify and xxhash.xxh3_64_intdigest(memoryview(data)[HEADER.size :]) != checksum:
+            raise CorruptLogError(where, HEADER.size, "run checksum mismatch")
+        self.data = data
+        self.where = where
+        self.flags, self.lo, self.hi, self.n, self.ndel, self.nhist = flags, lo, hi, n, ndel, nhist
+        self.hmin, self.hmax = hmin, hmax
+        off = {}
+        pos = HEADER.size
+        for name, ln in zip(SECTIONS, lengths, strict=True):
+            off[name] = (pos, pos + ln)
+            pos += ln
+        self._off = off
+        self._keys = self._values = self._hkeys = self._hvalues = None
+        self._hashes = self._order = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def _raw(self, name: str) -> memoryview:
+        a, b = self._off[name]
+        return memoryview(self.data)[a:b]
+
+    def _u64(self, name: str) -> np.ndarray:
+        return np.frombuffer(self._raw(name), dtype=_U64)
+
+    @property
+    def hashes(self) -> np.ndarray:
+        if self._hashes is None:
+            self._hashes = self._u64("hashes")
+        return self._hashes
+
+    @property
+    def order(self) -> np.ndarray:
+        if self._order is None:
+            self._order = np.frombuffer(self._raw("order"), dtype=_U32)
+        return self._order
+
+    @property
+    def dels(self) -> np.ndarray:
+        return np.frombuffer(self._raw("dels"), dtype=_U32)
+
+    @property
+    def seqs(self) -> np.ndarray:
+        """The seq of each latest entry, in column order."""
+        if self.flags & MULTI:
+            return self._u64("seqs")
+        return np.full(self.n, self.hi, _U64)
+
+    @property
+    def keys(self) -> tuple:
+        if self._keys is None:
+            self._keys = unpack_keys(self._raw("keys")) if self.n else ()
+        return self._keys
+
+    @property
+    def values(self) -> list:
+        """The value column, decoded anew: the caller owns what it gets (nothing it changes
+        can reach what the store reads later)."""
+        return unpack_values(self._raw("values")) if self.n else []
+
+    def _cached_values(self) -> list:
+        """The value column decoded once, for look-ups: never handed out (`own`)."""
+        if self._values is None:
+            self._values = self.values
+        return self._values
+
+    @property
+    def history(self) -> tuple[tuple, list, np.ndarray, np.ndarray]:
+        """keys, values (decoded anew), seqs, hashes of the older versions, by hash then
+        newest first."""
+        if not self.nhist:
+            return (), [], np.zeros(0, _U64), np.zeros(0, _U64)
+        return self._history_keys(), unpack_values(self._raw("h_values")), self._u64("h_seqs"), self._u64("h_hashes")
+
+    def _history_keys(self) -> tuple:
+        if self._hkeys is None:
+            self._hkeys = unpack_keys(self._raw("h_keys"))
+        return self._hkeys
+
+    def lookup(self, key: Any, h: int, as_of: int) -> Any:
+        """The value of `key` as of `as_of` in this run: a value, TOMBSTONE, or MISSING."""
+        if as_of < self.lo or h < self.hmin or h > self.hmax:
+            return MISSING
+        hashes = self.hashes
+        hu = np.uint64(h)  # a Python int above 2**63 would make numpy compare as floats, slowly
+        i = int(np.searchsorted(hashes, hu, "left"))
+        j = int(np.searchsorted(hashes, hu, "right"))
+        if i < j:
+            keys = self.keys
+            found = -1
+            for c in self.order[i:j].tolist():
+                if keys[c] == key and c > found:
+                    found = c  # the last column of a key is its newest version in the run
+            if found >= 0:
+                seq = int(self._u64("seqs")[found]) if self.flags & MULTI else self.hi
+                if seq <= as_of:
+                    return own(self._cached_values()[found])
+        if self.nhist and as_of < self.hi:
+            hkeys, hseqs, hhashes = self._history_keys(), self._u64("h_seqs"), self._u64("h_hashes")
+            i = int(np.searchsorted(hhashes, hu, "left"))
+            j = int(np.searchsorted(hhashes, hu, "right"))
+            for x in range(i, j):
+                if hseqs[x] <= as_of and hkeys[x] == key:
+                    if self._hvalues is None:
+                        self._hvalues = unpack_values(self._raw("h_values"))
+                    return own(self._hvalues[x])  # newest first: the first one old enough
+        return MISSING
+
+    def apply(self, d: dict, as_of: int | None = None) -> None:
+        """Makes `d` the state after this run, as of `as_of` (None: the run's last seq)."""
+        if as_of is None or as_of >= self.hi:
+            keys = self.keys
+            d.update(zip(keys, self.values, strict=True))
+            if self.ndel:
+                pop = d.pop
+                for i in self.dels.tolist():
+                    pop(keys[i], None)
+            return
+        if as_of < self.lo:
+            return
+        for k, v in self.as_of(as_of).items():
+            if v is TOMBSTONE:
+                d.pop(k, None)
+            else:
+                d[k] = v
+
+    def as_of(self, as_of: int) -> dict:
+        """Every key's newest version at or below `as_of` in this run (TOMBSTONE included)."""
+        out: dict = {}
+        hkeys, hvalues, hseqs, _ = self.history
+        for k, v, s in zip(hkeys, hvalues, hseqs.tolist(), strict=True):
+            if s <= as_of and k not in out:
+                out[k] = v  # newest first within a key
+        seqs = self.seqs.tolist()
+        for k, v, s in zip(self.keys, self.values, seqs, strict=True):
+            if s <= as_of:
+                out[k] = v  # a latest entry is newer than any history entry of its key
+        return out
+
+    def entries(self) -> tuple[list, list, np.ndarray, np.ndarray]:
+        """keys, values, seqs and hashes of every entry (latest, then history), for a merge."""
+        col_h = np.empty(self.n, _U64)
+        col_h[self.order] = self.hashes
+        hkeys, hvalues, hseqs, hhashes = self.history
+        keys = list(self.keys) + list(hkeys)
+        values = list(self.values) + list(hvalues)
+        return keys, values, np.concatenate([self.seqs, hseqs]), np.concatenate([col_h, hhashes])
+
+
+def merge(runs: list, horizon: int, base: bool) -> bytes:
+    """One run holding what the consecutive `runs` (oldest first) of one state hold.
+
+    Its latest block is each key's newest version; its history block keeps an older version
+    only while a read at or after `horizon` can see it (the next newer version of its key is
+    above `horizon`). With `base` (no older run of the state exists), a deletion at or below
+    `horizon` is dropped: nothing older is left for it to hide.
+    """
+    K: list = []
+    V: list = []
+    S_parts = []
+    H_parts = []
+    for r in runs:
+        k, v, s, h = r.entries()
+        K += k
+        V += v
+        S_parts.append(s)
+        H_parts.append(h)
+    return _build(K, V, np.concatenate(S_parts), np.concatenate(H_parts), runs[0].lo, runs[-1].hi, horizon, base)
+
+
+def truncate(run: RunView | PendingRun, to_seq: int, horizon: int, base: bool) -> bytes:
+    """The run without its versions above `to_seq` (a rollback into a merged run's range)."""
+    K, V, S, H = run.entries()
+    keep = np.flatnonzero(S <= to_seq).tolist()
+    get = itemgetter(*keep) if len(keep) > 1 else (lambda seq: tuple(seq[i] for i in keep))
+    return _build(list(get(K)), list(get(V)), S[keep], H[keep], run.lo, to_seq, horizon, base)
+
+
+def image(runs: list, seq: int) -> bytes:
+    """One run holding the state after `seq` of the consecutive `runs` (oldest first) of one
+    state, and nothing older or newer: every live key's value (a base image)."""
+    parts = [r.entries() for r in runs]
+    K = [k for p in parts for k in p[0]]
+    V = [v for p in parts for v in p[1]]
+    S = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, _U64)
+    H = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, _U64)
+    keep = np.flatnonzero(S <= seq).tolist()
+    lo = runs[0].lo if runs else seq
+    return _build([K[i] for i in keep], [V[i] for i in keep], S[keep], H[keep], lo, seq, seq, True)
+
+
+def _build(K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, horizon: int, base: bool) -> bytes:
+    total = len(K)
+    if total == 0:
+        return _assemble(lo, hi, MULTI, 0, 0, 0, 1, 0, [b""] * len(SECTIONS))
+    S = S.astype(np.int64)
+    pos = np.arange(total, dtype=np.int64)
+    # by hash, then newest first; among versions of one seq (a key twice in one batch) the later
+    idx = np.lexsort((-pos, -S, H))
+    Ka = np.fromiter(K, dtype=object, count=total)
+    Hs, Ks = H[idx], Ka[idx]
+    same_h = Hs[1:] == Hs[:-1]
+    same_k = np.fromiter(map(eq, Ks[1:], Ks[:-1]), dtype=bool, count=total - 1)
+    if bool(np.any(same_h & ~same_k)):
+        # two keys share a hash: order them by their bytes inside the hash, so that each
+        # key's versions lie together
+        kb = list(map(pack_keys, K))
+        idx = np.array(sorted(range(total), key=lambda x: (int(H[x]), kb[x], -int(S[x]), -x)), dtype=np.int64)
+        Hs, Ks = H[idx], Ka[idx]
+        same_h = Hs[1:] == Hs[:-1]
+        same_k = np.fromiter(map(eq, Ks[1:], Ks[:-1]), dtype=bool, count=total - 1)
+    Ss = S[idx]
+    first = np.ones(total, dtype=bool)
+    first[1:] = ~(same_h & same_k)
+    Va = np.fromiter(V, dtype=object, count=total)
+    deleted = np.fromiter(map(_is_tombstone, Va[idx]), dtype=bool, count=total)
+    # an older version stays while its next newer version (the entry before it) is newer than
+    # it and above the horizon
+    keep_hist = np.zeros(total, dtype=bool)
+    keep_hist[1:] = ~first[1:] & (Ss[:-1] > Ss[1:]) & (Ss[:-1] > horizon)
+    keep_latest = first
+    if base:
+        keep_latest = first & ~(deleted & (Ss <= horizon))
+    lat = idx[keep_latest]
+    hist = idx[keep_hist]
+    lat_keys, lat_values = Ka[lat].tolist(), Va[lat].tolist()
+    hist_keys, hist_values = Ka[hist].tolist(), Va[hist].tolist()
+    lat_h = H[lat]
+    lat_dels = np.flatnonzero(deleted[keep_latest]).astype(_U32)
+    hmin, hmax = _bounds(lat_h)
+    sections = [
+        lat_h.astype(_U64).tobytes(),
+        np.arange(len(lat_keys), dtype=_U32).tobytes(),
+        pack_keys(lat_keys),
+        pack_values(lat_values),
+        lat_dels.tobytes(),
+        S[lat].astype(_U64).tobytes(),
+        H[hist].astype(_U64).tobytes(),
+        pack_keys(hist_keys),
+        pack_values(hist_values),
+        S[hist].astype(_U64).tobytes(),
+    ]
+    return _assemble(lo, hi, MULTI, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections)
+
+
+def _is_tombstone(v: Any) -> bool:
+    return v is TOMBSTONE
+
+
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
+
+
+def own(v: Any) -> Any:
+    """A value a caller may change: a container from a run's decoded column is copied (with the
+    codec, which keeps its types), so that what the caller does to it reaches no later read."""
+    return v if type(v) in _IMMUTABLE or v is TOMBSTONE else unpack_values(pack_values(v))

@@ -1,0 +1,259 @@
+"""The driver half of mode nosync: durable points, the safe point, recovery of one worker.
+
+The coordinator collects each worker's durable point (its last durable lineage point: the step
+a recovery replays to, the frontier there; and its last durable snapshot: the step a recovery
+restores, the frames it had produced and consumed), and broadcasts them as they change with the
+safe point, the least durable frontier: sinks commit what they pre-committed for epochs at or
+below it, output logs and lineage are trimmed by the snapshots. A lost worker recovers alone
+(`recovery.py`); a second loss while one recovers, or `run --resume`, restores every worker
+(a new generation). With a replay threshold, a recovering worker's long span runs as a Spark
+job on the run's own session (`span.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from lineage import safe_point
+from nosync.modes import Mode
+from nosync.modes.nosync.hooks import NosyncHooks
+
+log = logging.getLogger("nosync.nosync")
+
+BROADCAST_GAP_S = 0.005
+"""The shortest time between two broadcasts of the durable points (they move every few
+milliseconds; sinks commit on them)."""
+
+
+class NosyncMode(Mode):
+    """Collects durable points, broadcasts them with the safe point, and recovers a lost
+    worker alone (every worker, when a second one is lost meanwhile)."""
+
+    name = "nosync"
+    hooks_class = NosyncHooks
+    requires_replayable_sources = False  # the input log makes the others replayable
+
+    def __init__(self, options: dict | None = None) -> None:
+        super().__init__(options)
+        self.resume = bool(self.options.get("resume"))
+        self.points: dict[int, dict] = {}
+        self.changed = False
+        self.safe = -1
+        self.safe_rows: list[dict] = []
+        self.recovering: dict[int, dict] = {}
+        self.recoveries: list[dict] = []
+        self.last_broadcast = 0.0
+        self.last_sample = 0.0
+        self.progress_rows: list[dict] = []
+        self.threshold = self.options.get("replay_threshold_records")
+        self.spark: Any = None
+        self.spec: dict = {}
+        self.span_results: list[tuple[int, int, dict]] = []
+        """(worker, generation, result) of span jobs done, for `tick` to hand over."""
+
+    def attach(self, spark: Any, spec: dict) -> None:
+        self.spark, self.spec = spark, spec
+        if self.threshold:
+            from nosync.batch import warm_up_soon
+
+            warm_up_soon(spark, spec["workers"], "span")
+
+    def _span_job(self, worker: int, gen: int, msg: dict) -> None:
+        from nosync.modes.nosync.span import run_span
+
+        try:
+            got = run_span(self.spark, self.spec, {"worker": worker, "dir": msg["dir"], "tasks": msg["tasks"]})
+            result = {"seconds": got["seconds"], "dir": msg["dir"]}
+        except Exception as e:  # noqa: BLE001 - the worker re-executes the span itself
+            log.warning("the span job of worker %s failed", worker, exc_info=True)
+            result = {"error": f"{type(e).__name__}: {e}"[:2000], "dir": msg["dir"]}
+        self.span_results.append((worker, gen, result))
+
+    def worker_options(self) -> dict:
+        o = self.options
+        return {
+            "persist_tier": o.get("persist_tier") or o.get("checkpoint_tier") or "disk",
+            "persist_ms": o.get("persist_ms") or 1000,
+            "persist_budget": o.get("persist_budget") or 0.05,
+            "max_unpersisted_mb": o.get("max_unpersisted_mb") or 256,
+            "max_output_log_mb": o.get("max_output_log_mb") or 64,
+            "max_concurrent_snapshots": o.get("max_concurrent_snapshots") or 1,
+            "replay_threshold_records": o.get("replay_threshold_records"),
+        }
+
+    def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        if msg.get("op") == "span":
+            import threading
+
+            coord.event("span_job", worker=worker, step=int(msg.get("step", 0)))
+            threading.Thread(
+                target=self._span_job, args=(worker, coord.gen, msg), name="nosync-span", daemon=True
+            ).start()
+            return
+        if msg.get("op") == "cover":
+            coord.broadcast({"type": "mode", "op": "snapshot_now", "worker": worker, "gen": coord.gen})
+            # and the points as they stand: a restarted worker has seen none, and survivors
+            # whose input ended take no snapshot that would broadcast them again
+            self.changed = True
+            return
+        if msg.get("op") == "replayed":
+            for r in reversed(self.recoveries):
+                if r["worker"] == worker or r.get("global"):
+                    # source records read again: from its position at the loss (its last
+                    # heartbeat) back to its restored snapshot's (what the run's counts show)
+                    r["read_restored"] = r.get("read_restored", 0) + int(msg["read_restored"])
+                    r["records_reprocessed"] = r.get("records_reprocessed", 0) + max(
+                        0, r.get("read_at_loss", 0) - int(msg["read_restored"])
+                    )
+                    r["records_replayed"] = r.get("records_replayed", 0) + int(msg["source_records"])
+                    r["frames_replayed"] = r.get("frames_replayed", 0) + int(msg["frames"])
+                    r["frame_records_replayed"] = r.get("frame_records_replayed", 0) + int(msg["frame_records"])
+                    r.setdefault("steps_replayed", 0)
+                    r["steps_replayed"] += int(msg["steps"])
+                    r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
+                    if self.threshold:
+                        r["span_steps"] = int(msg.get("span_steps", 0))
+                        r["span_records"] = int(msg.get("span_records", 0))
+                        r["span_s"] = float(msg.get("span_s", 0.0))
+                        r["span_reason"] = msg.get("span_reason")
+                        r["span_parts"] = msg.get("span_parts") or {}
+                    r["restored_step"] = int(msg["restored_step"])
+                    break
+            return
+        if msg.get("op") != "durable":
+            return
+        p = msg["point"]
+        old = self.points.get(worker)
+        if old is None or (p["lstep"], p["step"]) >= (old["lstep"], old["step"]):
+            self.points[worker] = p
+            self.changed = True
+
+    def tick(self, coord: Any) -> None:
+        while self.span_results:
+            w, gen, result = self.span_results.pop(0)
+            if gen == coord.gen:
+                coord.send(w, {"type": "mode", "op": "span_done", "gen": gen, **result})
+        now = time.monotonic()
+        if now - self.last_sample >= 0.25:
+            # per-worker progress over time: what a recovery cost the workers that did not fail
+            self.last_sample = now
+            t = time.time()
+            for w, c in sorted(coord.counters.items()):
+                self.progress_rows.append(
+                    {"t": t, "worker": w, "read": int(c.get("read", 0)), "committed": int(c.get("committed", 0))}
+                )
+        if not self.changed or now - self.last_broadcast < BROADCAST_GAP_S:
+            return
+        self.changed = False
+        self.last_broadcast = now
+        s = safe_point(self.points, coord.workers)
+        if s > self.safe:
+            self.safe = s
+            self.safe_rows.append({"t": time.time(), "safe_point": s})
+            coord.event("safe_point", epoch=s)
+        coord.broadcast({"type": "mode", "op": "points", "points": self.points, "safe": self.safe, "gen": coord.gen})
+
+    def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
+        row = {
+            "worker": worker,
+            "attempt": attempt,
+            "reason": reason,
+            "lost_at": time.time(),
+            "detection_s": coord.silent_s,
+            "durable_step": self.points.get(worker, {}).get("step", 0),
+            "read_at_loss": int(coord.counters.get(worker, {}).get("read", 0)),
+        }
+        self.recoveries.append(row)
+        others = [w for w in self.recovering if w != worker]
+        coord.ready.discard(worker)
+        coord.done.pop(worker, None)
+        if others or not coord.all_ready and len(coord.ready) < coord.workers - 1:
+            # a second worker lost while one recovers: every worker restores its own snapshot
+            row["global"] = True
+            self.recovering = {}
+            coord.regroup(f"worker {worker} (attempt {attempt}) was lost while worker(s) {others} recovered")
+            return
+        coord.regroups += 1
+        if coord.max_restarts is not None and coord.regroups > coord.max_restarts:
+            coord.fail(
+                f"worker {worker} (attempt {attempt}) was lost: {reason}; the run already recovered "
+                f"{coord.max_restarts} times (--max-restarts)"
+            )
+            return
+        self.recovering[worker] = row
+        coord.event("recovering", worker=worker)
+        coord.broadcast({"type": "mode", "op": "lost", "worker": worker, "attempt": attempt, "gen": coord.gen})
+
+    def on_rejoin(self, coord: Any, worker: int, attempt: int, address: list) -> None:
+        peers = [coord.members[i] for i in range(coord.workers)]
+        coord.send(worker, {"type": "peers", "gen": coord.gen, "addresses": peers, "restore": True, "alone": True})
+        for w in range(coord.workers):
+            if w != worker:
+                coord.send(
+                    w,
+                    {
+                        "type": "mode",
+                        "op": "peer_back",
+                        "worker": worker,
+                        "attempt": attempt,
+                        "address": address,
+                        "gen": coord.gen,
+                    },
+                )
+
+    def on_generation(self, coord: Any, gen: int) -> dict:
+        if gen == 0 and not self.resume:
+            return {}
+        coord.event("restore", scope="every worker")
+        return {"restore": True}
+
+    def on_ready(self, coord: Any, worker: int, gen: int) -> None:
+        # a worker that restored learns the safe point at the next tick, even when it will not
+        # change again (a loss after the last safe point of the run: nothing else would send it)
+        self.changed = True
+        row = self.recovering.pop(worker, None)
+        if row is not None:
+            row["restored_at"] = time.time()
+            row["restore_s"] = row["restored_at"] - row["lost_at"]
+            coord.event("recovered", worker=worker, restore_s=round(row["restore_s"], 3))
+        if coord.all_ready:
+            for r in self.recoveries:
+                if r.get("global") and "restored_at" not in r:
+                    r["restored_at"] = time.time()
+                    r["restore_s"] = r["restored_at"] - r["lost_at"]
+
+    def summary(self, coord: Any) -> dict:
+        per = [d.get("metrics", {}).get("mode", {}) for d in coord.done.values()]
+
+        def total(k: str) -> Any:
+            return sum(m.get(k, 0) for m in per)
+
+        processing = max((float(d.get("seconds", 0.0)) for d in coord.done.values()), default=0.0)
+        return {
+            "stall_ms_max": max((m.get("persist_stall_s", 0.0) * 1000 for m in per), default=0.0),
+            "checkpoint_bytes": total("snapshot_bytes"),
+            "bytes_persisted": total("bytes_persisted"),
+            "residue_bytes": total("residue_bytes"),
+            "snapshots": total("snapshots"),
+            "lineage_points": total("lineage_points"),
+            "persist_share": total("persist_s") / (processing * len(per)) if processing and per else 0.0,
+            "interval_ms_mean": 1000 * max((m.get("interval_s_mean", 0.0) for m in per), default=0.0),
+            "interval_ms_max": 1000 * max((m.get("interval_s_max", 0.0) for m in per), default=0.0),
+            "recovery_span_ms_max": 1000 * max((m.get("span_s_max", 0.0) for m in per), default=0.0),
+            "recovery_span_records_max": max((m.get("span_records_max", 0) for m in per), default=0),
+            "merges": total("merges"),
+            "replayed_steps": total("replayed_steps"),
+            "frames_dropped_as_replayed": total("dropped_frames"),
+            "lineage_frames": total("lineage_frames"),
+            "output_log_spilled_frames": total("output_log_spilled_frames"),
+            "residue_frames_resent": total("residue_frames_resent"),
+            "input_logged_records": total("input_logged_records"),
+            "safe_point": self.safe,
+            "safe_points": len(self.safe_rows),
+            "recoveries": self.recoveries,
+        }
+
+    def tables(self) -> dict[str, list[dict]]:
+        return {"safe_points": self.safe_rows, "progress": self.progress_rows}

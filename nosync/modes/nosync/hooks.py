@@ -1,0 +1,739 @@
+"""The worker half of mode nosync in steady state: steps, frames, lineage points, snapshots.
+
+A worker is a deterministic state machine over the steps it takes, one thread taking them one
+at a time: read a chunk of a source, process a frame that arrived from a peer, flush an
+exchange buffer whose linger time ran out. Every step is numbered (`step`, the op_seq of every
+instance on the worker, since they all advance together) and logged as a lineage entry
+*before* it runs: ("s", source, epoch) - ("i", peer, chan_seq) - ("f", router, peer) - ("F",),
+a flush of every buffer - ("C", counters), a cut (with a replay threshold). Everything else an
+operator does is a function of its state and its input, so replaying the entries in order
+re-produces the same frames, bit for bit.
+
+Every frame on the link to a peer carries `(edge, chan_seq, epoch, fingerprint)` and, in its
+header, the lineage entries the receiver does not hold yet - the sender's own and those of
+every other worker it holds (causal logging); more than a header holds go in a LINEAGE frame
+just before it. The frame stays in the sender's output log (`outlog.py`), in memory, until the
+receiver's durable point covers it.
+
+Durability comes in two sizes, both appends to the worker's `lsm` store, made durable by its
+persister in the background (the processing thread never waits, except past
+`max_unpersisted_mb` of appends not yet durable: backpressure, the stall time reported):
+
+- a **lineage point**, every few milliseconds when steps were taken, and at once when a sink's
+  frontier advanced: the lineage entries held that no earlier point persisted (this worker's
+  own and the others' it holds), and a pre-commit of what the sinks staged for sealed epochs.
+  Once it is durable, the worker's durable point is its step: a recovery replays the steps up
+  to it from the snapshot before it, re-producing everything, so output up to it may be
+  committed. A sink commits a pre-commit once it is durable and the safe point (the least
+  durable frontier over the workers) passes its epochs. Commit latency is a few milliseconds,
+  whatever the snapshot interval;
+- a **snapshot**, every `persist_ms` or later (below): a keyed operator's changed keys since the
+  last one as one run (`take_updates`, one C pass), the residue of the output log, the
+  records in the exchange buffers (they are not flushed), a pre-commit of everything staged,
+  and the metadata (frontiers, source positions, frame counters, lineage held for others). A
+  snapshot bounds what a recovery re-executes, and what peers keep: output logs and lineage
+  are trimmed by the receivers' durable snapshots.
+
+Persistence runs as resources permit: its share of the worker's time (the snapshot's work on
+this thread plus the store's encoding, logging, indexing and merging) is held under
+`persist_budget`. After each snapshot is durable, the next interval is what that snapshot cost
+divided by the budget, and never less than `persist_ms`: the interval stretches under load
+(a longer recovery span) and shrinks back when there is room. While a snapshot is not yet
+durable, no other is taken (`max_concurrent_snapshots`): the keys changed meanwhile coalesce.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from typing import Any
+
+import xxhash
+
+from lineage import Stash
+from lsm import ValueEncodingError
+from nosync import frames
+from nosync.errors import RunFailed
+from nosync.modes import WorkerHooks, open_store
+from nosync.modes.nosync.inputlog import InputLog
+from nosync.modes.nosync.layout import LINEAGE, META, OUT, input_store_path, pack, store_path
+from nosync.modes.nosync.outlog import OutputLog
+from nosync.operators import EOS, JoinOp, KeyedOp
+from nosync.sinks import ALL
+
+log = logging.getLogger("nosync.nosync")
+
+RETENTION = 64
+"""Snapshots whose versions each worker's store keeps through merges (a rewind starts from a
+consistent cut of them)."""
+HEADER_LINEAGE = 1500
+"""Lineage entries a frame's header carries at most, over all origins: an entry packs to 31
+bytes at most, so the header stays within its bound (frames.MAX_HEADER). More than that (a
+backlog: a peer that reconnected, a link that carries little) go in a LINEAGE frame of their
+own just before the frame, in order on the same link, so the receiver holds every entry the
+frame depends on before it processes it."""
+POINT_S = 0.02
+"""The longest a step stays without a lineage point (when no sink frontier moved meanwhile)."""
+POINT_GAP_S = 0.002
+"""The shortest time between two lineage points."""
+PERSISTED = -1
+"""The stash's mark for what lineage points persisted (as a peer's mark is for what it got)."""
+
+
+class Pending:
+    """An append not yet durable: a lineage point, perhaps with a snapshot."""
+
+    __slots__ = ("seq", "step", "frontier", "snapshot", "size", "taken", "cost", "read")
+
+    def __init__(self, seq: int, step: int, frontier: int, snapshot: dict | None, size: int, read: int) -> None:
+        self.seq, self.step, self.frontier, self.snapshot, self.size = seq, step, frontier, snapshot, size
+        self.taken = time.monotonic()
+        self.cost = 0.0
+        self.read = read
+
+
+class NosyncHooks(WorkerHooks):
+    name = "nosync"
+    sink_commits_at_frontier = False
+    tracks_dirty = True
+    recovers = True
+    accepts_peers = True
+
+    def __init__(self, options: dict | None = None) -> None:
+        super().__init__(options)
+        o = self.options
+        self.tier = o.get("persist_tier", "disk")
+        self.persist_s = o.get("persist_ms", 1000) / 1000
+        self.budget = float(o.get("persist_budget") or 0.05)
+        self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
+        self.max_concurrent_snapshots = int(o.get("max_concurrent_snapshots") or 1)
+        self.max_out_mem = int(o.get("max_output_log_mb", 64) * (1 << 20))
+        self.threshold = o.get("replay_threshold_records")
+        self.interval_s = self.persist_s
+        """The snapshot interval now: `persist_s` stretched by the budget."""
+        self.intervals: list[float] = []
+        self.span_s_max = 0.0
+        self.span_records_max = 0
+        self.persist_s_total = 0.0
+        self.cut_steps = 0
+        self.span_reason: str | None = None
+        self.span_steps = 0
+        self.span_records = 0
+        self.span_s = 0.0
+        self.span_parts: dict = {}
+        self.store: Any = None
+        self.inputs: Any = None
+        self.input_logs: list[InputLog] = []
+        self.w: Any = None
+        self.stall_s = 0.0
+        self.snapshots = 0
+        self.snapshot_bytes = 0
+        self.points = 0
+        self.point_bytes = 0
+        self.residue_bytes = 0
+        self.replayed_steps = 0
+        self.replayed_source_records = 0
+        self.replayed_frames = 0
+        self.replayed_frame_records = 0
+        self.read_restored = 0
+        self.dropped_frames = 0
+        self.lineage_frames = 0
+        self.recovered = False
+        self.restore_s = 0.0
+        self.load_s = 0.0
+        self.outlog: OutputLog | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.step = 0
+        self.stash = Stash()
+        self.produced: dict[int, int] = {}
+        self.consumed: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+        self.fps: dict[int, dict[int, int]] = {}
+        self.up: dict[int, bool] = {}
+        self.resumed: dict[int, bool] = {}
+        self.resume_from: dict[int, int] = {}
+        self.lineage_attempt: dict[int, int | None] = {}
+        """Per peer, the attempt whose LINEAGE frame set `resumed` and `resume_from`."""
+        self.pending: deque[Pending] = deque()
+        self.unpersisted = 0
+        self.durable_seq = -1
+        """The seq of the last durable append: pre-commits at or below it may commit."""
+        self.durable_step = 0
+        """The step of the last durable snapshot (what peers trim output logs and lineage by)."""
+        self.point_step = 0
+        self.last_point = 0.0
+        self.sink_frontiers: dict[str, int] = {}
+        self.last_snapshot = time.monotonic()
+        self.snapshot_step = -1
+        self.kept: deque = deque(maxlen=RETENTION + 1)
+        """The seqs of the latest snapshots, for the store's retention window."""
+        self.pc_epochs: dict[str, dict[int, int]] = {}
+        self.safe = -1
+        self.queue: dict[int, deque] = {}
+        self.replaying = False
+        self.pc_at: dict[int, list] = {}
+        """During a replay: step -> the pre-commits a lineage point made right after it."""
+        self._stall_from: float | None = None
+        self.last_cut = 0
+        self.peer_consumed: dict[int, int] = {}
+        """Per peer, the frames of the link to it that it had consumed when it (re)connected."""
+        self.peer_points: dict[int, dict] = {}
+        self.span_done: dict | None = None
+        self.loader: Any = None
+        self.snap_seq = -1
+        """The seq of the snapshot a recovery restored (-1: none)."""
+        self._cost_base = 0.0
+
+    # -- the log of steps ---------------------------------------------------------------
+
+    def _log(self, entry: tuple) -> None:
+        self.step += 1
+        self.stash.add(self.w.index, [(self.step, entry)])
+
+    def poll_source(self, worker: Any, source: Any) -> bool:
+        e = source.time_epoch() if worker.epoch_ms else None
+        self._log(("s", worker.sources.index(source), e))
+        return source.poll(e)
+
+    def flush_routers(self, worker: Any) -> None:
+        linger = worker.linger_s
+        for ri, r in enumerate(worker.routers):
+            for d in r.due(linger):
+                self._log(("f", ri, d))
+                r._send(d)
+
+    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
+        seq = self.produced.get(dest, 0) + 1
+        self.produced[dest] = seq
+        # a copy: a broadcast hands every destination the same header, and each gets its own lineage
+        header = {**header, "s": seq, "fp": xxhash.xxh64_intdigest(data)}
+        lin = {}
+        held = 0
+        for origin in self.stash.origins():
+            if origin != dest:
+                got = self.stash.delta(dest, origin)
+                if got:
+                    lin[origin] = got
+                    held += len(got)
+        if held > HEADER_LINEAGE:
+            self.lineage_frames += 1
+            if self.up.get(dest):
+                # counted like a data frame, so that it keeps its place in the link's order
+                worker.out[dest].send(frames.encode(frames.LINEAGE, {"more": 1}, {"lin": lin}))
+        elif lin:
+            header["lin"] = lin
+        frame = frames.encode_packed(kind, header, data)
+        self.outlog.add(dest, seq, frame)
+        if self.up.get(dest):
+            worker.out[dest].send(frame)
+
+    def _take_lineage(self, header: dict) -> None:
+        lin = header.get("lin")
+        if lin:
+            me = self.w.index
+            for origin, entries in lin.items():
+                if origin != me:
+                    self.stash.add(int(origin), entries)
+
+    def accept_frame(self, worker: Any, j: int, f: Any) -> bool:
+        if f.kind == frames.LINEAGE:
+            self._on_lineage(worker, j, f)
+            return False
+        h = f.header
+        seq = h.get("s")
+        if seq is None:
+            raise RunFailed(f"worker {worker.index}: a frame from worker {j} has no chan_seq")
+        last = self.received.get(j, 0)
+        if seq <= last:
+            # re-produced by a recovering peer: already processed here
+            seen = self.fps.get(j, {}).get(seq)
+            if seen is not None and seen != h.get("fp"):
+                raise RunFailed(
+                    f"worker {worker.index}: frame {seq} from worker {j} was re-produced with different "
+                    f"records (fingerprint {h.get('fp'):x}, processed {seen:x}): an operator upstream is not "
+                    "deterministic given its input order"
+                )
+            self.dropped_frames += 1
+            worker.credit(j)
+            return False
+        if seq != last + 1:
+            raise RunFailed(f"worker {worker.index}: frame {seq} from worker {j} arrived after frame {last}")
+        self.received[j] = seq
+        self._take_lineage(h)
+        if self.replaying or self.queue.get(j):
+            self.queue.setdefault(j, deque()).append(f)
+            return False
+        self.consume(j, seq, h)
+        return True
+
+    def consume(self, j: int, seq: int, h: dict) -> None:
+        """Logs the step that processes frame `seq` from worker `j`."""
+        self._log(("i", j, seq))
+        self.consumed[j] = seq
+        self.fps.setdefault(j, {})[seq] = h.get("fp")
+
+    def drain(self, worker: Any) -> None:
+        """Processes frames queued while replaying, link by link."""
+        for j in list(self.queue):
+            q = self.queue[j]
+            while q:
+                f = q.popleft()
+                self.consume(j, f.header["s"], f.header)
+                worker.process_frame(j, f)
+        self.queue = {}
+
+    # -- links with peers ----------------------------------------------------------------
+
+    def lineage_frame(self, peer: int) -> bytes:
+        """What this worker tells a peer it (re)connects to: the chan_seq it wants the link's
+        frames from, and every lineage entry it holds of other workers."""
+        self.stash.reset_marks(peer)
+        lin = {o: self.stash.entries(o) for o in self.stash.origins() if o != self.w.index}
+        return frames.encode(frames.LINEAGE, {"resume": self.consumed.get(peer, 0) + 1}, {"lin": lin, "for": peer})
+
+    def _on_lineage(self, worker: Any, j: int, f: Any) -> None:
+        """A LINEAGE frame from peer `j`: the entries that did not fit in the header of the
+        frame after it (`more`), or, when `j` (re)connected, the entries it holds, and the
+        chan_seq from which it wants the frames of the link to it again."""
+        if f.header.get("more"):
+            if isinstance(f.body, dict):
+                self._take_lineage(f.body)
+            worker.credit(j)
+            return
+        body = f.body
+        if isinstance(body, dict):
+            for origin, entries in (body.get("lin") or {}).items():
+                if int(origin) != j:
+                    self.stash.add(int(origin), entries)
+        self.resumed[j] = True
+        self.resume_from[j] = int(f.header.get("resume", 1))
+        self.peer_consumed[j] = self.resume_from[j] - 1
+        self.lineage_attempt[j] = getattr(worker.inc.get(j), "attempt", None)
+        self._try_resume(worker, j)
+
+    def _try_resume(self, worker: Any, j: int) -> None:
+        """Sends peer `j` its frames again from where it asked, once connected to the attempt
+        that asked (its LINEAGE frame can arrive before the loss of an earlier attempt is
+        known here, while the sending connection still goes to that one)."""
+        conn = worker.out.get(j)
+        if conn is None or j not in self.resume_from:
+            return
+        if getattr(conn, "attempt", None) != self.lineage_attempt.get(j):
+            return  # "peer_back" opens the connection to the attempt that asked, and resumes
+        start = self.resume_from.pop(j)
+        first = self.outlog.first(j)
+        if first is not None and first > start:
+            raise RunFailed(
+                f"worker {worker.index}: worker {j} asks for frames from {start}, the output log starts at {first}"
+            )
+        if first is None and self.produced.get(j, 0) >= start:
+            raise RunFailed(
+                f"worker {worker.index}: worker {j} asks for frames from {start}, the output log is trimmed "
+                f"up to {self.produced.get(j, 0)}"
+            )
+        for frame in self.outlog.since(j, start):
+            conn.send(frame)
+        self.up[j] = True
+
+    def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
+        if peer not in worker.out:
+            self.up[peer] = False
+        asked = self.lineage_attempt.get(peer)
+        if attempt is None or asked is None or asked <= attempt:
+            # what the lost attempt asked for goes with it (a newer attempt's request stays)
+            self.resumed[peer] = False
+            self.resume_from.pop(peer, None)
+            self.lineage_attempt.pop(peer, None)
+        if peer not in worker.inc:
+            # frames of it received but not processed come again
+            self.queue.pop(peer, None)
+            self.received[peer] = self.consumed.get(peer, 0)
+
+    def on_control(self, worker: Any, message: dict) -> None:
+        op = message.get("op")
+        if op == "points":
+            self._on_points(worker, message)
+        elif op == "lost":
+            j = int(message["worker"])
+            if j != worker.index:
+                # the connections of the lost attempt go (not one a new attempt already opened)
+                worker.peer_down(j, int(message.get("attempt", 0)))
+        elif op == "span_done":
+            self.span_done = message  # `span.run_span_job` checks that it is its own job's
+        elif op == "snapshot_now":
+            if int(message.get("worker", -1)) != worker.index:
+                self.last_snapshot = 0.0  # a recovering peer waits for our durable point
+                self.interval_s = self.persist_s
+        elif op == "peer_back":
+            j = int(message["worker"])
+            if j == worker.index:
+                return
+            self.up[j] = False
+            conn = worker.connect_peer(j, list(message["address"]), int(message.get("attempt", 0)))
+            conn.send_uncounted(self.lineage_frame(j))
+            self._try_resume(worker, j)
+
+    def _on_points(self, worker: Any, message: dict) -> None:
+        me = worker.index
+        points = {int(w): p for w, p in message["points"].items()}
+        self.peer_points = points
+        for w, p in points.items():
+            if w != me:
+                self.stash.trim(w, int(p["step"]))
+                self.outlog.trim(w, int(p["consumed"].get(me, 0)))
+                prod = int(p["produced"].get(me, 0))
+                fp = self.fps.get(w)
+                if fp:
+                    for s in [s for s in fp if s <= prod]:
+                        del fp[s]
+        self.safe = int(message.get("safe", -1))
+        self._commit_safe(worker)
+
+    def _commit_safe(self, worker: Any) -> None:
+        for s in worker.sinks:
+            epochs = self.pc_epochs.get(s.name, {})
+            upto = None
+            for c, _ in s.precommitted:
+                if c <= self.durable_seq and epochs.get(c, EOS) <= self.safe:
+                    upto = c
+                else:
+                    break
+            if upto is not None:
+                s.commit_checkpoint(upto)
+                for c in [c for c in epochs if c <= upto]:
+                    del epochs[c]
+
+    # -- lineage points and snapshots -------------------------------------------------------
+
+    def may_read(self, worker: Any) -> bool:
+        if self.unpersisted <= self.max_unpersisted:
+            if self._stall_from is not None:
+                self.stall_s += time.perf_counter() - self._stall_from
+                self._stall_from = None
+            return True
+        if self._stall_from is None:
+            self._stall_from = time.perf_counter()
+        return False
+
+    def _frontier(self, worker: Any) -> int:
+        # a loop's body runs inside its iterate operator's step and gets no markers: the
+        # iterate operator's frontier stands for it
+        return min((op.frontier for op in worker.ops if not op.node.params.get("loop_internal")), default=-1)
+
+    def _cut(self, worker: Any) -> None:
+        """Flushes every exchange buffer (a logged step), then logs the frame counters per link:
+        a cut a recovery can hand the steps before to a batch job (with a replay threshold)."""
+        self._log(("F",))
+        for r in worker.routers:
+            r.flush()
+        self._log(("C", [self.produced.get(d, 0) for d in range(worker.workers)]))
+        self.last_cut = self.step
+
+    def _precommit(self, worker: Any, seq: int, everything: bool) -> list:
+        """Pre-commits, under `seq`, what the sinks staged: for sealed epochs only, or (a
+        snapshot) everything. Returns [sink, seq, upto] of each pre-commit made."""
+        made = []
+        for s in worker.sinks:
+            upto = None if everything else min(s.frontier, s.last_epoch)
+            if not s.part.has_staged(ALL if upto is None else upto):
+                continue
+            s.precommit(seq, upto)
+            bound = s.last_epoch if upto is None else upto
+            self.pc_epochs.setdefault(s.name, {})[seq] = bound
+            made.append([s.name, seq, upto])
+        return made
+
+    def _append(self, worker: Any, runs: dict, snapshot: dict | None, pcs: list) -> None:
+        """One append to the store at the next seq: `runs`, and a lineage point (the entries
+        held that no earlier point persisted, the sinks' pre-commits `pcs` made under that
+        seq, the frontier)."""
+        seq = self.store.last_seq + 1
+        entries = {o: self.stash.delta(PERSISTED, o) for o in self.stash.origins()}
+        frontier = self._frontier(worker)
+        point = {
+            "step": self.step,
+            "entries": {o: e for o, e in entries.items() if e},
+            "pc": pcs,
+            "frontier": frontier,
+        }
+        runs[LINEAGE] = {0: pack(point)}
+        try:
+            size = self.store.append(seq, runs)
+        except ValueEncodingError as e:
+            raise worker.ops[e.state].state_error(e) from None
+        self.store.persist(self.tier)
+        self.unpersisted += size
+        read = sum(s.records_in for s in worker.sources)
+        self.pending.append(Pending(seq, self.step, frontier, snapshot, size, read))
+        self.point_step = self.step
+        self.last_point = time.monotonic()
+        self.sink_frontiers = {s.name: s.frontier for s in worker.sinks}
+        self.points += 1
+        self.point_bytes += size
+
+    def _snapshot(self, worker: Any) -> None:
+        t0 = time.thread_time()
+        if self.cut_steps:
+            self._cut(worker)
+        seq = self.store.last_seq + 1
+        # before the metadata, which holds the sinks' pre-commits
+        pcs = self._precommit(worker, seq, everything=True)
+        runs: dict = {}
+        for i, op in enumerate(worker.ops):
+            if isinstance(op, JoinOp):
+                runs[i] = op.take_increments()
+            elif isinstance(op, KeyedOp):
+                runs[i] = op.take_updates()
+        residue = self.outlog.residue()
+        runs[OUT] = residue
+        self.residue_bytes += sum(len(b) for b in residue.values())
+        meta = {
+            "step": self.step,
+            "ops": {op.name: op.snapshot_meta() for op in worker.ops},
+            "produced": self.produced,
+            "consumed": self.consumed,
+            "stash": {o: self.stash.entries(o) for o in self.stash.origins() if o != worker.index},
+            "pc_epochs": self.pc_epochs,
+            "frontier": self._frontier(worker),
+            "buffers": [
+                [r.edge, d, r.buffer_epoch[d], frames.pack_records(r.buffers[d], r.sender)]
+                for r in worker.routers
+                for d in range(r.n)
+                if r.buffers[d]
+            ],
+        }
+        runs[META] = {0: pack(meta)}
+        self.kept.append(seq)
+        if len(self.kept) > RETENTION:
+            # merges keep every version of the last RETENTION snapshots; narrowed before the
+            # append, so that no merge sees the new seq with the old window
+            self.store.options.retention = seq - self.kept[0]
+        snapshot = {
+            "step": self.step,
+            "consumed": dict(self.consumed),
+            "produced": dict(self.produced),
+        }
+        self._append(worker, runs, snapshot, pcs)
+        self.pending[-1].cost = time.thread_time() - t0
+        self.snapshots += 1
+        self.snapshot_bytes += self.pending[-1].size
+        self.snapshot_step = self.step
+        self.last_snapshot = time.monotonic()
+
+    def _under_way(self) -> int:
+        """Snapshots taken and not yet durable."""
+        return sum(1 for p in self.pending if p.snapshot is not None)
+
+    def poll(self, worker: Any) -> None:
+        if self.loader is not None:
+            self.loader.install_done(worker)
+        now = time.monotonic()
+        if worker.sinks:
+            ended = all(s.frontier == EOS for s in worker.sinks)
+        else:
+            ended = all(s.finished for s in worker.sources)
+        # Invariant: at most max_concurrent_snapshots are under way (not durable). A snapshot
+        # taken while the persister still works on the one before only queues behind it: it
+        # makes no recovery shorter (a recovery restores the last durable snapshot), and each
+        # writes every key changed since the last, so a persister that falls behind would fall
+        # further behind. Waiting lets the changed keys coalesce instead.
+        if (
+            self.step > self.snapshot_step
+            and not ended
+            and (now - self.last_snapshot >= self.interval_s or self.unpersisted > self.max_unpersisted)
+            and self._under_way() < self.max_concurrent_snapshots
+        ):
+            self._snapshot(worker)
+        elif self.step > self.point_step or self._sinks_moved(worker):
+            if ended or now - self.last_point >= POINT_S or (
+                self._sinks_moved(worker) and now - self.last_point >= POINT_GAP_S
+            ):
+                self._append(worker, {}, None, self._precommit(worker, self.store.last_seq + 1, everything=False))
+        if self.cut_steps and self.step - self.last_cut >= self.cut_steps:
+            self._cut(worker)
+        if self.pending:
+            self._durable(worker)
+
+    def _sinks_moved(self, worker: Any) -> bool:
+        return any(self.sink_frontiers.get(s.name, -1) != s.frontier for s in worker.sinks)
+
+    def _durable(self, worker: Any) -> None:
+        """Takes in the appends the store made durable: the worker's durable point moves, and
+        each durable snapshot sets the next interval from what it cost."""
+        durable = self.store.durable(self.tier)
+        if self.pending[0].seq > durable:
+            if self.store.error is not None:
+                log.warning("worker %s: persisting: %s", worker.index, self.store.error)
+            return
+        last = None
+        while self.pending and self.pending[0].seq <= durable:
+            p = self.pending.popleft()
+            self.unpersisted -= p.size
+            if p.snapshot is not None:
+                self._snapshot_durable(worker, p)
+            last = p
+        self.durable_seq = last.seq
+        self.stash.trim(worker.index, self.durable_step)
+        point = {
+            "step": self.durable_step,
+            "frontier": last.frontier,
+            "lstep": last.step,
+            "consumed": self.snap_point["consumed"] if self.snap_point else {},
+            "produced": self.snap_point["produced"] if self.snap_point else {},
+        }
+        worker.send_ctrl({"type": "mode", "op": "durable", "gen": worker.gen, "point": point})
+        self._commit_safe(worker)
+
+    snap_point: dict | None = None
+
+    def _snapshot_durable(self, worker: Any, p: Pending) -> None:
+        self.durable_step = p.step
+        self.snap_point = p.snapshot
+        now = time.monotonic()
+        st = self.store.stats
+        spent = st.persist_cpu_s + st.merge_cpu_s
+        cost = p.cost + max(0.0, spent - self._cost_base)
+        self._cost_base = spent
+        self.persist_s_total += cost
+        self.interval_s = max(self.persist_s, cost / self.budget)
+        self.intervals.append(self.interval_s)
+        # a loss just before this one was durable would have re-executed from the one before
+        prev = getattr(self, "_prev_durable", None)
+        if prev is not None:
+            self.span_s_max = max(self.span_s_max, now - prev[0])
+            read = sum(s.records_in for s in worker.sources)
+            self.span_records_max = max(self.span_records_max, read - prev[1])
+        self._prev_durable = (p.taken, p.read)
+
+    def can_finish(self, worker: Any) -> bool:
+        return (
+            self.point_step == self.step
+            and not self.pending
+            and not any(s.uncommitted for s in worker.sinks)
+            and all(self.resumed.get(j) for j in worker.out)
+        )
+
+    # -- start, restore -------------------------------------------------------------------
+
+    def _open_store(self, worker: Any) -> None:
+        if self.store is not None:
+            return
+        path = store_path(worker.spec["run_dir"], worker.index)
+        # every version until RETENTION snapshots were taken (`_snapshot` narrows it)
+        self.store = open_store(
+            worker,
+            path,
+            f"the nosync log {path}",
+            retention=1 << 62,
+            budget=self.budget,
+            uploads=self.tier == "remote",
+        )
+
+    def on_start(self, worker: Any, peers: dict) -> None:
+        from nosync.modes.nosync import recovery, span
+
+        self.w = worker
+        self._reset()
+        if self.outlog is not None:
+            self.outlog.close()
+        spill = os.path.join(worker.spec["run_dir"], "state", f"w{worker.index}", f"outlog-a{worker.attempt}.spill")
+        self.outlog = OutputLog(spill, self.max_out_mem)
+        if self.threshold:
+            self.span_reason = span.eligible(worker.plan)
+            if self.span_reason is not None:
+                self.span_reason = f"the pipeline is not eligible: {self.span_reason}"
+            else:
+                # a cut every quarter of the threshold (64 steps at least: a cut's entry is
+                # bigger than the others, and frame headers carry a bounded number of entries)
+                self.cut_steps = max(64, int(self.threshold) // (4 * worker.batch_size))
+        self._open_store(worker)
+        self.input_logs = []
+        for i, src in enumerate(worker.sources):
+            if not src.source.replayable:
+                if self.inputs is None:
+                    path = input_store_path(worker.spec["run_dir"], worker.index)
+                    self.inputs = open_store(worker, path, f"the input log {path}", retention=0)
+                src.source = InputLog(src.source, i, self.inputs, self.tier)
+                self.input_logs.append(src.source)
+        restore = bool(peers.get("restore")) or worker.attempt > 0
+        self.alone = bool(peers.get("alone"))
+        for j in worker.out:
+            self.up[j] = False
+        if not restore:
+            for j in worker.out:
+                self.up[j] = True
+                self.resumed[j] = True
+            return
+        recovery.recover(self, worker)
+
+    def debug_state(self, worker: Any) -> dict:
+        return {
+            "step": self.step,
+            "snapshot_step": self.snapshot_step,
+            "durable_step": self.durable_step,
+            "durable_seq": self.durable_seq,
+            "pending": [p.seq for p in self.pending],
+            "safe": self.safe,
+            "replaying": self.replaying,
+            "up": self.up,
+            "resumed": self.resumed,
+            "resume_from": self.resume_from,
+            "received": self.received,
+            "consumed": self.consumed,
+            "produced": self.produced,
+            "queued": {j: len(q) for j, q in self.queue.items()},
+            "outlog": {j: [q[0][0], q[-1][0], len(q)] if q else [] for j, q in self.outlog.frames.items()},
+            "sinks_uncommitted": [s.name for s in worker.sinks if s.uncommitted],
+            "interval_s": self.interval_s,
+        }
+
+    def metrics(self, worker: Any) -> dict:
+        stall = self.stall_s
+        if self._stall_from is not None:
+            stall += time.perf_counter() - self._stall_from
+        st = self.store.stats if self.store is not None else None
+        return {
+            "steps": self.step,
+            "snapshots": self.snapshots,
+            "snapshot_bytes": self.snapshot_bytes,
+            "lineage_points": self.points,
+            "lineage_point_bytes": self.point_bytes - self.snapshot_bytes,
+            "residue_bytes": self.residue_bytes,
+            "persist_stall_s": stall,
+            "persist_s": self.persist_s_total,
+            "interval_s_mean": sum(self.intervals) / len(self.intervals) if self.intervals else self.interval_s,
+            "interval_s_max": max(self.intervals, default=self.interval_s),
+            "span_s_max": self.span_s_max,
+            "span_records_max": self.span_records_max,
+            "merges": st.merges if st else 0,
+            "bytes_persisted": (st.appended_bytes if st else 0)
+            + (self.inputs.stats.appended_bytes if self.inputs is not None else 0),
+            "replayed_steps": self.replayed_steps,
+            "dropped_frames": self.dropped_frames,
+            "lineage_frames": self.lineage_frames,
+            "restore_s": self.restore_s,
+            "output_log_frames": self.outlog.count() if self.outlog else 0,
+            "output_log_bytes": self.outlog.mem if self.outlog else 0,
+            "output_log_spilled_frames": self.outlog.spilled if self.outlog else 0,
+            "residue_frames_resent": self.outlog.resent_from_residue if self.outlog else 0,
+            "lineage_entries": sum(len(self.stash.entries(o)) for o in self.stash.origins()),
+            "input_logged_records": sum(x.logged_records for x in self.input_logs),
+            "input_log_s": sum(x.log_s for x in self.input_logs),
+        }
+
+    def close(self, worker: Any) -> None:
+        if self.loader is not None:
+            self.loader.stop()
+        if self.outlog is not None:
+            self.outlog.close()
+        for store in (self.store, self.inputs):
+            if store is not None:
+                try:
+                    store.close()
+                except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+                    log.exception("closing %s", store.path)
+        self.store = self.inputs = None

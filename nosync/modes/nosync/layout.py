@@ -1,0 +1,84 @@
+"""Where a nosync worker keeps what it persists, and how tools read it back.
+
+Each worker owns one `lsm` store, `<run dir>/state/w<i>/nosync`, and, when a source cannot
+restart from a position, an input store beside it (`input`). The worker store holds these
+states, every append at a new seq (a counter of the store, not the worker's step):
+
+- `i` (the worker's operator number) for each keyed operator: its changed keys, one run per
+  snapshot (a join: its increments, keyed (key, side, index));
+- `META`, key 0: a snapshot's metadata (`snapshot_meta`): its step, frontiers and source
+  positions, the frame counters per link, the lineage held for others, the sinks'
+  pre-commits, the records in the exchange buffers;
+- `OUT`, key d: the residue of the output log to worker d at a snapshot (the frames d's
+  durable point did not cover yet), one blob per destination, so that a sender restored
+  from that snapshot can still serve them;
+- `LINEAGE`, key 0: a lineage point (`lineage_point`): the step it was taken at, the lineage
+  entries held that no earlier point persisted (this worker's own and the others' it holds),
+  the sinks' pre-commits made there, and the worker's frontier there. Points are appended
+  every few milliseconds and with every snapshot: a recovery replays the steps they name
+  after its snapshot, so a worker's durable point is its last durable point, not its last
+  snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgpack
+
+from nosync.operators import JoinOp
+
+META = "meta"
+OUT = "out"
+LINEAGE = "lineage"
+
+
+def store_path(run_dir: str, worker: int) -> str:
+    return os.path.join(run_dir, "state", f"w{worker}", "nosync")
+
+
+def input_store_path(run_dir: str, worker: int) -> str:
+    return os.path.join(run_dir, "state", f"w{worker}", "input")
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+
+
+def iter_snapshots(store: Any) -> Any:
+    """The metadata of each snapshot a worker's store still holds in full (its keyed state
+    readable as of the snapshot's seq, `meta["seq"]`), newest first, without the lineage
+    held for others."""
+    from lsm import RetentionError
+
+    try:
+        versions = store.versions(META, 0, after=store.horizon - 1)
+    except RetentionError:
+        return
+    for seq, raw in reversed(versions):
+        if seq < store.horizon:
+            return
+        meta = unpack(raw)
+        yield {**{k: v for k, v in meta.items() if k != "stash"}, "seq": seq}
+
+
+def logged_frames(store: Any, dest: int, as_of: int) -> dict[int, bytes]:
+    """chan_seq -> frame of the output log to worker `dest` that the snapshot at seq `as_of`
+    holds (the frames `dest` had not durably consumed when it was taken)."""
+    blob = store.get(OUT, dest, as_of=as_of)
+    return {} if blob is None else {int(seq): frame for seq, frame in unpack(blob)}
+
+
+def store_state(store: Any, i: int, op: Any, as_of: int | None = None) -> None:
+    """Loads the keyed state of keyed operator `op` (the worker's operator number `i`) as it
+    stood after seq `as_of` (None: the last), all of it at once."""
+    state = store.load(i, as_of=as_of)
+    if isinstance(op, JoinOp):
+        op.restore_increments(state)
+    else:
+        op.restore_state(state)

@@ -1,0 +1,297 @@
+"""Recovery of one nosync worker: restore its last durable snapshot, replay its steps after it.
+
+Spark's retry of the lost task re-registers; the coordinator gives it the peers and tells the
+survivors where it is, and they go on meanwhile: what they send it stays in their output logs.
+The new attempt opens its store and restores:
+
+- the snapshot's metadata: frontiers and source positions, the frame counters per link, the
+  lineage held for others, the sinks' pre-commits, the records in the exchange buffers, and the
+  output log's residue (frames stay encoded);
+- the lineage points after the snapshot: the entries they persisted (its own steps up to its
+  durable point, and the others' it held) and where each pre-committed its sinks;
+- keyed state in bulk (`BulkLoader`): each keyed operator's runs are decoded and applied on a
+  background thread at C speed, while the replay goes on; a key a record touches before its
+  operator's load is done is read alone from the store (`Store.get`). When a load is done, the
+  loaded dict becomes the operator's state (the keys touched meanwhile win) and the per-key
+  path leaves the hot loop. Windows and joins load before the replay (a window closes over
+  every key; a join's sides are rebuilt from their increments).
+
+Then it exchanges one LINEAGE frame with every survivor each way: the first chan_seq to send
+again, and the lineage entries held for the other. The merged entries after the snapshot are
+replayed in their order - sources read again from the snapshot's positions, frames taken from
+what the survivors resend, pre-commits made again where the lineage points made them - and
+re-produced frames that a survivor already processed are dropped by chan_seq after their
+fingerprint is checked. Then it runs live. A second worker lost while one recovers, or `run
+--resume`, makes every worker restore its own last snapshot and replay the same way (a new
+generation); each then has its own durable lineage points, and the entries of the others it
+persisted, to replay by.
+
+With `replay_threshold_records`, a long span up to a cut goes to a Spark batch job first
+(`span.py`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from lineage import LineageError, recovery_plan
+from nosync import frames
+from nosync.errors import RunFailed
+from nosync.modes.nosync.layout import LINEAGE, META, OUT, store_state, unpack
+from nosync.operators import MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
+
+REPLAY_TIMEOUT_S = 120.0
+
+
+def recover(h: Any, worker: Any) -> None:
+    """Restores worker `worker` from its store and replays its steps (`on_start` of a restart)."""
+    t0 = time.perf_counter()
+    restore(h, worker)
+    h.read_restored = sum(s.records_in for s in worker.sources)
+    h.recovered = True
+    worker.report_restored()
+    # one LINEAGE frame each way with every peer, then replay what they hold for us
+    for j, conn in worker.out.items():
+        conn.send_uncounted(h.lineage_frame(j))
+    replay(h, worker)
+    h.restore_s = time.perf_counter() - t0
+    worker.send_ctrl(
+        {
+            "type": "mode",
+            "op": "replayed",
+            "gen": worker.gen,
+            "restored_step": h.durable_step,
+            "steps": h.replayed_steps,
+            "source_records": h.replayed_source_records,
+            "frames": h.replayed_frames,
+            "frame_records": h.replayed_frame_records,
+            "read_restored": h.read_restored,
+            "restore_s": h.restore_s,
+            "span_steps": h.span_steps,
+            "span_records": h.span_records,
+            "span_s": h.span_s,
+            "span_parts": h.span_parts,
+            "span_reason": h.span_reason,
+        }
+    )
+
+
+def restore(h: Any, worker: Any) -> None:
+    store = h.store
+    metas = store.versions(META, 0)
+    h.durable_seq = store.last_seq
+    h.kept.extend(seq for seq, _ in metas)
+    snap_seq = h.snap_seq = metas[-1][0] if metas else -1
+    for _, raw in store.versions(LINEAGE, 0, after=snap_seq):
+        point = unpack(raw)
+        for origin, entries in point["entries"].items():
+            h.stash.add(int(origin), entries)
+        if point["pc"]:
+            h.pc_at[int(point["step"])] = [tuple(pc) for pc in point["pc"]]
+    if not metas:
+        # nothing snapshotted yet: start over from the sources' beginnings, without the files
+        # a pre-commit left in staging (the replay makes its pre-commits again)
+        for op in worker.ops:
+            if isinstance(op, SinkOp):
+                op.part.recover(-1, [], h.durable_seq)
+        return
+    meta = unpack(metas[-1][1])
+    h.step = h.snapshot_step = h.durable_step = int(meta["step"])
+    h.produced = {int(d): int(s) for d, s in meta["produced"].items()}
+    h.consumed = {int(j): int(s) for j, s in meta["consumed"].items()}
+    h.received = dict(h.consumed)
+    h.snap_point = {"step": h.durable_step, "consumed": dict(h.consumed), "produced": dict(h.produced)}
+    for origin, entries in meta["stash"].items():
+        h.stash.add(int(origin), entries)
+    h.pc_epochs = {n: {int(c): int(e) for c, e in d.items()} for n, d in meta["pc_epochs"].items()}
+    h.outlog.restore(store.load(OUT, as_of=snap_seq))
+    routers = {r.edge: r for r in worker.routers}
+    for edge, d, epoch, data in meta["buffers"]:
+        r = routers[int(edge)]
+        r.buffers[int(d)] = list(unpack(data))
+        r.buffer_epoch[int(d)] = int(epoch)
+        r.buffer_since[int(d)] = time.monotonic()
+    metas_of = meta["ops"]
+    lazy = []
+    for i, op in enumerate(worker.ops):
+        m = metas_of.get(op.name)
+        if m is not None:
+            op.restore_meta(m)
+        if isinstance(op, (WindowOp, JoinOp)):
+            store_state(store, i, op, snap_seq)
+        elif isinstance(op, KeyedOp):
+            lazy.append((i, op))
+        if isinstance(op, SinkOp):
+            pre = [(int(c), handle) for c, handle in (m["precommitted"] if m is not None else ())]
+            op.part.recover(snap_seq, [], h.durable_seq)
+            op.precommitted = pre
+            op.committed = m["committed"] if m is not None else 0
+        worker.keepalive()
+    if lazy:
+        h.loader = BulkLoader(store, lazy, snap_seq)
+
+
+class BulkLoader:
+    """Loads keyed operators' state on a background thread; until an operator's load is done,
+    a key a record touches is read alone."""
+
+    def __init__(self, store: Any, ops: list[tuple[int, Any]], as_of: int) -> None:
+        self.store = store
+        self.ops = dict(ops)
+        self.as_of = as_of
+        self.done: dict[int, dict] = {}
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._stop = False
+        for i, op in ops:
+            op.lazy(lambda key, i=i: store.get(i, key, as_of=as_of, default=MISSING_STATE), raw=True)
+        self._thread = threading.Thread(target=self._run, name="nosync-bulk-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            for i in list(self.ops):
+                if self._stop:
+                    return
+                self.done[i] = self.store.load(i, as_of=self.as_of)
+        except BaseException as e:  # noqa: BLE001 - raised on the processing thread by install_done
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+    def install_done(self, worker: Any) -> bool:
+        """Makes every loaded state its operator's (on the processing thread, between two
+        steps); True once every operator has its state."""
+        if self.error is not None:
+            raise RunFailed(f"worker {worker.index}: loading its keyed state: {self.error}") from self.error
+        for i in [i for i in self.done if i in self.ops]:
+            op = self.ops.pop(i)
+            loaded = self.done.pop(i)
+            state = op.state
+            # a key read alone and deleted since must stay deleted
+            for k in op.looked:
+                if k not in state:
+                    loaded.pop(k, None)
+            loaded.update(state)
+            op.state = loaded
+            op.loader = None
+            op.looked = set()
+        if not self.ops and worker.hooks.loader is self:
+            worker.hooks.loader = None
+            worker.hooks.load_s = self.seconds
+        return not self.ops
+
+    def wait(self) -> None:
+        """Blocks until every operator's state is loaded."""
+        self._thread.join()
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+def replay(h: Any, worker: Any) -> None:
+    """Waits for a LINEAGE frame from every peer, then re-executes the logged steps after the
+    snapshot, in their order."""
+    from nosync.modes.nosync import span
+
+    h.replaying = True
+    me = worker.index
+    deadline = [time.monotonic() + REPLAY_TIMEOUT_S]
+
+    def pump(wait: float) -> None:
+        worker.pump(wait, strict=True)
+        worker.flush_peers()
+        worker.keepalive()
+        if time.monotonic() > deadline[0]:
+            raise RunFailed(f"worker {me}: replay not done after {REPLAY_TIMEOUT_S:.0f}s")
+
+    try:
+        while not all(h.resumed.get(j) for j in worker.inc):
+            pump(0.05)
+        # the plan checks the lineage against the snapshot: frames of each link consumed
+        # in order, none the snapshot had already consumed
+        point = {"step": h.step, "consumed": h.consumed, "produced": h.produced}
+        try:
+            plan = recovery_plan({me}, {me: point}, {me: [h.stash.entries(me)]}, worker.workers)[me]
+        except LineageError as e:
+            raise RunFailed(f"worker {me}: the lineage its peers hold cannot be replayed: {e}") from e
+        entries = plan["replay"]
+        if h.threshold and h.alone:
+            taken = span.hand_over(h, worker, entries, pump)
+            deadline[0] = time.monotonic() + REPLAY_TIMEOUT_S
+            entries = entries[taken:]
+        elif h.threshold and h.span_reason is None:
+            h.span_reason = "every worker restored (a regroup): the span job is for one worker recovering alone"
+        for step, entry in entries:
+            execute(h, worker, entry, pump)
+            h.replayed_steps += 1
+            pcs = h.pc_at.pop(int(step), None)
+            if pcs:
+                _precommit_again(h, worker, pcs)
+            if h.replayed_steps & 0xFF == 0:
+                pump(0)
+                if h.loader is not None:
+                    h.loader.install_done(worker)
+    finally:
+        h.replaying = False
+    h.drain(worker)
+    h.pc_at = {}
+
+
+def execute(h: Any, worker: Any, entry: tuple, pump: Any) -> None:
+    """Re-executes one logged step."""
+    kind = entry[0]
+    if kind == "i":
+        j, seq = int(entry[1]), int(entry[2])
+        f = next_frame(h, j, seq, pump)
+        h.consume(j, seq, f.header)
+        h.replayed_frames += 1
+        if f.kind == frames.DATA:
+            h.replayed_frame_records += len(f.body)
+        worker.process_frame(j, f)
+    elif kind == "s":
+        h._log(tuple(entry))
+        src = worker.sources[int(entry[1])]
+        before = src.records_in
+        src.poll(entry[2])
+        h.replayed_source_records += src.records_in - before
+    elif kind == "f":
+        h._log(tuple(entry))
+        worker.routers[int(entry[1])]._send(int(entry[2]))
+    elif kind == "F":
+        h._log(("F",))
+        for r in worker.routers:
+            r.flush()
+    elif kind == "C":
+        h._log(tuple(entry))
+        now = [h.produced.get(d, 0) for d in range(worker.workers)]
+        if list(entry[1]) != now:
+            raise RunFailed(
+                f"worker {worker.index}: replay reached a cut with frame counters {now}, the run had "
+                f"{list(entry[1])}: an operator is not deterministic given its input order"
+            )
+
+
+def _precommit_again(h: Any, worker: Any, pcs: list) -> None:
+    """The pre-commits a lineage point made after this step, made again with the same ids and
+    epochs (the replay staged the same records)."""
+    sinks = {s.name: s for s in worker.sinks}
+    for name, c, upto in pcs:
+        s = sinks[name]
+        s.precommit(int(c), None if upto is None else int(upto))
+        h.pc_epochs.setdefault(name, {})[int(c)] = s.last_epoch if upto is None else int(upto)
+
+
+def next_frame(h: Any, j: int, seq: int, pump: Any) -> Any:
+    """Frame `seq` of the link from worker `j`, the next in its queue once it arrived."""
+    q = h.queue.setdefault(j, deque())
+    while not q:
+        pump(0.05)
+    f = q.popleft()
+    if f.header["s"] != seq:
+        raise RunFailed(f"worker {h.w.index}: replay expected frame {seq} from worker {j}, got {f.header['s']}")
+    return f
