@@ -2,7 +2,7 @@
 
 Every measurement is a run of `keyed_count` (generated records over K keys, a running count per
 key, committed to Parquet files) through `experiments.measure`, the code `nosync bench` uses.
-The full grids are the defaults; `--quick` grids are small enough that all six run in under 10
+The full grids are the defaults; `--quick` grids are small enough that all seven run in about 12
 minutes on a 2-core machine, and are meant to check the pipeline of figures, not to be quoted
 without their repetitions.
 """
@@ -194,7 +194,7 @@ def _overhead_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             [k[0], str(k[1] or "-")]
             + [
                 mean_sd(agg(sel, ("mode",), f).get((k[0],)))
-                for f in ("records_per_s", "latency_p50_ms", "latency_p99_ms", "checkpoint_bytes")
+                for f in ("records_per_s", "latency_p50_ms", "latency_p99_ms", "bytes_persisted")
             ]
         )
     return ["mode", "interval (ms)", "records/s", "p50 (ms)", "p99 (ms)", "bytes persisted"], body
@@ -321,8 +321,8 @@ def _recovery_state_points(quick: bool) -> list[dict]:
 
 
 def _recovery_measure(spark: Any, d: str, p: dict, seed: int) -> dict:
-    # the interval is abs's checkpoint interval; nosync persists at its default, as in `bench recovery`
-    iv = p["interval_ms"] if p["mode"] == "abs" or "phase" in p else None
+    # abs's checkpoint interval and nosync's persistence interval alike, as in `bench recovery`
+    iv = p["interval_ms"]
     return recovery(
         spark,
         os.path.join(d, "run"),
@@ -632,6 +632,97 @@ def _snapshot_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return ["keys", "mode", "bytes/s", "snapshots", "bytes/snapshot", "full snapshot (bytes)"], body
 
 
+# -- 7. persistence as resources permit: overhead and recovery span against the budget ----------
+
+BUDGETS = (0.01, 0.02, 0.05, 0.1, 0.2, 1.0)
+
+
+def _budget_points(quick: bool) -> list[dict]:
+    records, keys = (600_000, 100_000) if quick else (3_000_000, 1_000_000)
+    base = {"workers": 2, "records": records, "keys": keys, "interval_ms": 200}
+    pts = [{"mode": "none", "budget": 0.0, **base}]
+    pts += [{"mode": "nosync", "budget": b, **base} for b in ((0.01, 0.05, 1.0) if quick else BUDGETS)]
+    return pts
+
+
+def _budget_measure(spark: Any, d: str, p: dict, seed: int) -> dict:
+    options = {"persist_budget": p["budget"]} if p["mode"] == "nosync" else {}
+    iv = p["interval_ms"] if p["mode"] == "nosync" else None
+    run = os.path.join(d, "run")
+    return steady(spark, run, p["mode"], p["workers"], p["records"], p["keys"], 0.0, iv, seed=seed, options=options)
+
+
+def _budget_ratio(rows: list[dict]) -> list[dict]:
+    """The nosync rows with their throughput as a fraction of mode none's (mean of none's rows)."""
+    base = agg([r for r in rows if r["mode"] == "none"], ("mode",), "records_per_s").get(("none",))
+    if not base:
+        return []
+    return [{**r, "overhead": 1 - r["records_per_s"] / base[0]} for r in rows if r["mode"] == "nosync"]
+
+
+def _budget_figure(rows: list[dict], path: str) -> None:
+    plt = _plt()
+    ns_rows = with_variant(_budget_ratio(rows))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, y, label, scale in (
+        (axes[0], "overhead", "throughput lost to fault tolerance (share of none's)", 1.0),
+        (axes[1], "interval_ms_mean", "snapshot interval, mean (ms)", 1.0),
+        (axes[2], "recovery_span_ms_max", "longest span a recovery would re-execute (ms)", 1.0),
+    ):
+        draw_lines(ax, ns_rows, "budget", y, scale=scale)
+        ax.set_xscale("log")
+        ax.set_xlabel("--persist-budget (share of a worker's time)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("Persistence as resources permit: keyed_count, W = 2, --persist-ms 200")
+    save(fig, path)
+
+
+def _budget_reading(rows: list[dict]) -> list[str]:
+    ns_rows = _budget_ratio(rows)
+    if not ns_rows:
+        return ["Mode none was not measured: no overhead can be given."]
+    ov = agg(ns_rows, ("budget",), "overhead")
+    iv = agg(ns_rows, ("budget",), "interval_ms_mean")
+    span = agg(ns_rows, ("budget",), "recovery_span_ms_max")
+    share = agg(ns_rows, ("budget",), "persist_share")
+    out = []
+    for (b,) in sorted(ov):
+        sh, i, sp = share.get((b,)), iv.get((b,)), span.get((b,))
+        out.append(
+            f"Budget {b:g}: {ov[(b,)][0]:.1%} of none's throughput lost, persistence took "
+            f"{f'{sh[0]:.1%}' if sh else '-'} of the workers' time, snapshots every "
+            f"{fmt(i[0]) if i else '-'} ms on average, a recovery would re-execute at most "
+            f"{fmt(sp[0]) if sp else '-'} ms."
+        )
+    return out
+
+
+def _budget_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    ns_rows = _budget_ratio(rows)
+    body = []
+    for b in sorted({r["budget"] for r in ns_rows}):
+        sel = [r for r in ns_rows if r["budget"] == b]
+        body.append(
+            [f"{b:g}"]
+            + [
+                mean_sd(agg(sel, ("mode",), f).get(("nosync",)))
+                for f in (
+                    "records_per_s",
+                    "overhead",
+                    "persist_share",
+                    "interval_ms_mean",
+                    "recovery_span_ms_max",
+                    "recovery_span_records_max",
+                )
+            ]
+        )
+    head = ["budget", "records/s", "overhead", "persistence share", "interval (ms)", "span (ms)", "span (records)"]
+    return head, body
+
+
 # -- the catalog -------------------------------------------------------------------------
 
 
@@ -675,8 +766,8 @@ EXPERIMENTS: dict[str, Experiment] = {
             "recovery-vs-state",
             "Recovery time as keyed state grows",
             "keyed_count; worker W-1 gets SIGKILL once half the records are read and the mode has "
-            "something to recover from. abs checkpoints every second; nosync persists at its default "
-            "(to the local disk, or to the remote tier only); replay recomputes with batch jobs.",
+            "something to recover from. abs checkpoints and nosync persists every second (to the local "
+            "disk, or to the remote tier only); replay recomputes with batch jobs.",
             _recovery_state_points,
             (2, 2),
             _recovery_measure,
@@ -724,9 +815,10 @@ EXPERIMENTS: dict[str, Experiment] = {
             "Bytes written by snapshots, per mode and tier; incremental against full",
             "keyed_count without failures; abs checkpoints and nosync persists every 250 ms, to the "
             "local disk or to the remote tier. Snapshots of both modes are incremental: abs writes the "
-            "keys changed since the last checkpoint; nosync writes those and the frames its exchanges "
-            "sent (its output logs) and its step metadata. A full snapshot is every key's value, "
-            "packed as the stores pack them, from the state recomputed by `nosync state`'s batch jobs.",
+            "keys changed since the last checkpoint; nosync writes those, the frames its receivers had "
+            "not durably consumed (the residue of its output logs), its metadata, and lineage points "
+            "in between. A full snapshot is every key's value, packed as the stores pack them, from "
+            "the state recomputed by `nosync state`'s batch jobs.",
             _snapshot_points,
             (2, 2),
             _snapshot_measure,
@@ -734,6 +826,21 @@ EXPERIMENTS: dict[str, Experiment] = {
             _snapshot_figure,
             _snapshot_reading,
             _snapshot_table,
+        ),
+        Experiment(
+            "budget",
+            "Persistence as resources permit: overhead and recovery span against the budget",
+            "keyed_count without failures, 1M keys; nosync with --persist-ms 200 and each --persist-budget: "
+            "after each snapshot the next interval is what it cost divided by the budget. Overhead is the "
+            "throughput lost against mode none; the span is the longest time from a snapshot to the next "
+            "one being durable (what a recovery would re-execute at worst).",
+            _budget_points,
+            (2, 2),
+            _budget_measure,
+            _w,
+            _budget_figure,
+            _budget_reading,
+            _budget_table,
         ),
     )
 }

@@ -37,6 +37,11 @@ STEADY_FIELDS = (
     "snapshots",
     "processing_s",
     "peak_rss_mb",
+    "persist_share",
+    "interval_ms_mean",
+    "interval_ms_max",
+    "recovery_span_ms_max",
+    "recovery_span_records_max",
 )
 
 
@@ -98,11 +103,15 @@ def steady(
     slow_ms: int = 0,
     seed: int = 1,
     keep: bool = False,
+    options: dict | None = None,
 ) -> dict:
-    """A failure-free run in run directory `d`; removed after unless `keep`."""
+    """A failure-free run in run directory `d` (`options` go to the run); removed after unless
+    `keep`."""
     try:
         slow = (0, slow_ms) if slow_ms else None
-        s = _run(spark, d, mode, workers, records, keys, skew, seed, interval_ms, tier, slow_worker=slow)
+        s = _run(
+            spark, d, mode, workers, records, keys, skew, seed, interval_ms, tier, slow_worker=slow, **(options or {})
+        )
         row = {f: s.get(f) for f in STEADY_FIELDS}
         if mode in ("none", "replay"):
             row["stall_ms_max"] = 0.0  # nothing of theirs ever holds an operator back

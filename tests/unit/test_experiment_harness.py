@@ -87,6 +87,10 @@ def _fake_rows(name: str) -> list[dict]:
                     "held_disk_bytes": 5 * x,
                     "held_log_bytes": 0,
                     "held_remote_bytes": 7 * x if p.get("tier") == "remote" else 0,
+                    "persist_share": 0.01 * x,
+                    "interval_ms_mean": 200 * x,
+                    "recovery_span_ms_max": 300 * x,
+                    "recovery_span_records_max": int(1000 * x),
                 }
             )
     return rows
