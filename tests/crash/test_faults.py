@@ -6,7 +6,10 @@ where every remote file is written. While a fault is on: the error surfaces to t
 PersistError carrying the OSError, nothing becomes durable that was not, nothing durable is
 lost, and reads still see every append. Once it clears, the store goes on as if nothing had
 happened: flush succeeds, and a reopen (after close or after a simulated crash) holds every
-batch. Expected states come from workload.Model, never from the store.
+batch. LevelDB writes its own files, not through lsm.files: a failing disk tier is injected at
+`DiskTier.write`, the one call through which runs reach it. Also here: rollbacks while the
+persister cannot write, and a base image that cannot be uploaded. Expected states come from
+workload.Model (the runs of several states per batch), never from the store.
 """
 
 from __future__ import annotations
@@ -19,33 +22,40 @@ import threading
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-from workload import Model, batch, diff, log_seqs
+from workload import STATES, Model, batch, diff, load_all, log_seqs
 
 import lsm
 from lsm import files, remote
+from lsm.disk import DiskTier
 
 SEED = 1234
 BEFORE = 20
 """Batches 0..BEFORE-1 are durable before the fault; BEFORE..AFTER-1 are appended during it."""
 AFTER = 45
-OPTIONS = dict(segment_bytes=600, flush_interval_s=0.01, seal_interval_s=3600.0)
+OPTIONS = dict(segment_bytes=600, seal_interval_s=3600.0, budget=0)
+"""No merges on their own (budget 0): they would delete indexed log segments, which the tests
+read back whole."""
 
 
 class DiskFault:
     """Wraps files.write / files.fsync: while `on`, they raise OSError(err).
 
     how: "write" (nothing written), "short-write" (half the bytes written, then the error),
-    "fsync" (written, the fsync fails).
+    "fsync" (written, the fsync fails). thread: fault only the writes of the threads whose name
+    starts with this (the persister's: "lsm-persister").
     """
 
-    def __init__(self, monkeypatch, how: str, err: int) -> None:
+    def __init__(self, monkeypatch, how: str, err: int, thread: str = "") -> None:
         self.how, self.err = how, err
         self.on = False
         self.hits = 0
         real_write, real_fsync = files.write, files.fsync
 
+        def faulted() -> bool:
+            return self.on and threading.current_thread().name.startswith(thread)
+
         def write(fd: int, data: bytes) -> None:
-            if self.on and how in ("write", "short-write"):
+            if faulted() and how in ("write", "short-write"):
                 self.hits += 1
                 if how == "short-write":
                     real_write(fd, bytes(data)[: len(data) // 2])
@@ -53,7 +63,7 @@ class DiskFault:
             real_write(fd, data)
 
         def fsync(fd: int) -> None:
-            if self.on and how == "fsync":
+            if faulted() and how == "fsync":
                 self.hits += 1
                 raise OSError(err, os.strerror(err))
             real_fsync(fd)
@@ -70,16 +80,24 @@ def append(s: lsm.Store, model: Model, seqs: range) -> None:
 
 def check_state(s: lsm.Store, model: Model, last: int, where: str) -> None:
     assert s.last_seq == last, f"{where}: last seq {s.last_seq}, expected {last}"
-    got, want = dict(s.scan()), model.state(last)
+    got, want = load_all(s), model.state(last)
     assert got == want, f"{where}:\n{diff(got, want)}"
-    for k, v in want.items():
-        assert s.get(k) == v, f"{where}: get({k!r}) = {s.get(k)!r}, model {v!r}"
+    for state in STATES:
+        for k, v in want[state].items():
+            assert s.get(state, k) == v, f"{where}: get({state!r}, {k!r}) = {s.get(state, k)!r}, model {v!r}"
 
 
-def check_reopen(path: str, model: Model, last: int, where: str) -> None:
-    with lsm.Store(path) as s:
+def check_reopen(path: str, model: Model, last: int, where: str, uploads: bool = False) -> None:
+    """Reopens the store and checks its state; then that its log parses cleanly and holds
+    seqs 0..last (with uploads, those the remote tier lacks: the log drops what is uploaded)."""
+    with lsm.Store(path, uploads=uploads, budget=0) as s:
         check_state(s, model, last, where)
-    assert log_seqs(path) == list(range(last + 1)), f"{where}: the log is not seqs 0..{last}"
+    seqs = log_seqs(path)
+    if uploads:
+        assert seqs == list(range(seqs[0] if seqs else last + 1, last + 1)), f"{where}: the log holds seqs {seqs}"
+        assert sorted(set(seqs) | set(remote_seqs(path))) == list(range(last + 1)), f"{where}: seqs lost"
+    else:
+        assert seqs == list(range(last + 1)), f"{where}: the log is not seqs 0..{last}"
 
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
@@ -129,11 +147,73 @@ def test_disk_fault_surfaces_loses_nothing_and_clears(tmp_path, monkeypatch, how
     check_reopen(path, model, AFTER + 4, f"reopen after {end}")
 
 
+def test_a_rollback_below_what_is_indexed_is_logged_before_it_returns(tmp_path, monkeypatch) -> None:
+    """rollback(to_seq) to a seq no batch has, below what LevelDB had indexed, makes LevelDB
+    say to_seq at once: a crash right after it recovers to_seq, which the log must then hold
+    (an empty record), or the remote tier could never reach it and flush("remote") would wait
+    for ever. Here the persister cannot write anything after the rollback (EIO)."""
+    fault = DiskFault(monkeypatch, "write", errno.EIO, thread="lsm-persister")
+    path = str(tmp_path / "store")
+    s = lsm.Store(path, **OPTIONS, uploads=True)
+    try:
+        s.append(1, {"s": {"a": 1}})
+        s.append(3, {"s": {"a": 3}})
+        assert s.flush("remote", timeout=10) == 3
+        s._persister.drain_index()
+        assert s.indexed == 3
+        fault.on = True
+        s.rollback(2)
+        assert s.last_seq == 2 and s.get("s", "a") == 1
+    finally:
+        s.abandon()
+    fault.on = False
+    with lsm.Store(path, **OPTIONS, uploads=True) as s:
+        assert s.last_seq == 2
+        assert s.flush("remote", timeout=10) == 2
+    shutil.rmtree(os.path.join(path, "disk"))
+    shutil.rmtree(os.path.join(path, "log"))
+    with lsm.Store(path, **OPTIONS) as s:
+        assert s.last_seq == 2 and s.load("s") == {"a": 1}
+
+
+def test_a_rollback_while_indexing_fails_still_logs_its_target(tmp_path, monkeypatch) -> None:
+    """Batches logged but not indexed (LevelDB's writes fail: its files are not written through
+    lsm.files, so the disk tier's write is what fails here), then rollback(to_seq) to a seq no
+    batch has: the empty batch that carries to_seq must be logged like any append, or the
+    remote tier could never reach to_seq."""
+    failing = threading.Event()
+    real_write = DiskTier.write
+
+    def write(self, *args: object, **kwargs: object) -> object:
+        if failing.is_set() and threading.current_thread().name.startswith("lsm-persister"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(DiskTier, "write", write)
+    path = str(tmp_path / "store")
+    with lsm.Store(path, **OPTIONS, uploads=True) as s:
+        s.append(0, {"s": {"a": 0}})
+        assert s.flush("remote", timeout=10) == 0
+        failing.set()
+        s.append(1, {"s": {"a": 1}})
+        s.append(3, {"s": {"a": 3}})
+        assert s.flush("disk", timeout=10) == 3
+        assert s.indexed == 0
+        s.rollback(2)
+        failing.clear()
+        assert s.flush("remote", timeout=10) == 2
+    shutil.rmtree(os.path.join(path, "disk"))
+    shutil.rmtree(os.path.join(path, "log"))
+    with lsm.Store(path, **OPTIONS) as s:
+        assert s.last_seq == 2 and s.load("s") == {"a": 1}
+
+
 class RemoteFault:
     """Wraps remote.write_table: while `on`, it raises OSError(ENOSPC), after `delay_s` (an
     upload that times out) if set; `entered` is set whenever a faulted write starts."""
 
-    def __init__(self, monkeypatch, delay_s: float = 0.0) -> None:
+    def __init__(self, monkeypatch, delay_s: float = 0.0, only: str = "") -> None:
+        """only: fault only the files whose name starts with this."""
         self.on = False
         self.hits = 0
         self.delay_s = delay_s
@@ -141,7 +221,7 @@ class RemoteFault:
         real = remote.write_table
 
         def write_table(fs, path, table) -> None:
-            if self.on:
+            if self.on and os.path.basename(path).startswith(only):
                 self.hits += 1
                 self.entered.set()
                 if self.delay_s:
@@ -169,7 +249,7 @@ def test_remote_fault_surfaces_and_clears(tmp_path, monkeypatch) -> None:
     model = Model(SEED)
     # Large segments: no upload is due until flush("remote") asks, which the persister serves
     # after logging (and indexing) everything appended, so the disk tier is ahead at the raise.
-    with lsm.Store(path, **{**OPTIONS, "segment_bytes": 1 << 20}) as s:
+    with lsm.Store(path, **{**OPTIONS, "segment_bytes": 1 << 20, "uploads": True}) as s:
         append(s, model, range(BEFORE))
         assert s.flush("remote", timeout=10) == BEFORE - 1
         assert s.durable("remote") == BEFORE - 1
@@ -190,11 +270,11 @@ def test_remote_fault_surfaces_and_clears(tmp_path, monkeypatch) -> None:
         assert s.flush("remote", timeout=10) == AFTER - 1
         assert s.durable("remote") == AFTER - 1
     assert remote_seqs(path) == list(range(AFTER)), "the remote tier lacks some seqs"
-    check_reopen(path, model, AFTER - 1, "reopen after the remote fault")
+    check_reopen(path, model, AFTER - 1, "reopen after the remote fault", uploads=True)
     # The remote tier alone restores everything.
     shutil.rmtree(os.path.join(path, "disk"))
     shutil.rmtree(os.path.join(path, "log"))
-    with lsm.Store(path) as s:
+    with lsm.Store(path, budget=0) as s:
         check_state(s, model, AFTER - 1, "restore from the remote tier")
 
 
@@ -204,7 +284,7 @@ def test_remote_outage_does_not_fail_local_flush_or_close(tmp_path, monkeypatch)
     fault = RemoteFault(monkeypatch, delay_s=0.3)
     path = str(tmp_path / "store")
     model = Model(SEED)
-    s = lsm.Store(path, **OPTIONS)
+    s = lsm.Store(path, **OPTIONS, uploads=True)
     try:
         append(s, model, range(BEFORE))
         assert s.flush("remote", timeout=10) == BEFORE - 1
@@ -222,4 +302,33 @@ def test_remote_outage_does_not_fail_local_flush_or_close(tmp_path, monkeypatch)
     finally:
         fault.on = False
         s.abandon()
-    check_reopen(path, model, AFTER + 9, "reopen after the remote outage")
+    check_reopen(path, model, AFTER + 9, "reopen after the remote outage", uploads=True)
+
+
+def test_a_failed_base_image_upload_deletes_no_remote_log_segment(tmp_path, monkeypatch) -> None:
+    """compact() with uploads folds every state's runs below the horizon, then writes a base
+    image and deletes the remote log segments it replaces. While the base image cannot be
+    written, the segments stay: the remote tier alone restores every seq, and once the fault
+    clears a compact() writes the image."""
+    fault = RemoteFault(monkeypatch, only="base-")
+    path = str(tmp_path / "store")
+    model = Model(SEED)
+    with lsm.Store(path, **OPTIONS, uploads=True, retention=5) as s:
+        append(s, model, range(AFTER))
+        assert s.flush("remote", timeout=10) == AFTER - 1
+        fault.on = True
+        with pytest.raises((OSError, lsm.LsmError)) as ei:
+            s.compact()
+        cause = ei.value if isinstance(ei.value, OSError) else ei.value.__cause__
+        assert fault.hits > 0 and isinstance(cause, OSError) and cause.errno == errno.ENOSPC, repr(ei.value)
+        assert s.horizon == AFTER - 1 - 5
+        check_state(s, model, AFTER - 1, "reads after the failed base image")
+        assert remote_seqs(path) == list(range(AFTER)), "a remote log segment went without its base image"
+        assert not [n for n in os.listdir(os.path.join(path, "remote")) if n.startswith("base-")]
+        fault.on = False
+        s.compact()
+        assert [n for n in os.listdir(os.path.join(path, "remote")) if n.startswith("base-")]
+    shutil.rmtree(os.path.join(path, "disk"))
+    shutil.rmtree(os.path.join(path, "log"))
+    with lsm.Store(path, budget=0) as s:
+        check_state(s, model, AFTER - 1, "restore from the base image")

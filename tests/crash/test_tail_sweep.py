@@ -1,7 +1,7 @@
 """Tail sweep: damage the log at offset after offset, then reopen.
 
-A pristine store is built from small batches and closed; each case copies only its log/ into
-a new directory, so that on open the log is the only source of state (Store._open: no
+A pristine store is built from small batches (the runs of several states) and closed; each
+case copies only its log/ into a new directory, so that on open the log is the only source of state (Store._open: no
 MANIFEST makes a new one with an empty remote tier of its own, no disk/ means nothing is
 indexed, and the log replays from seq -1; a copy of the MANIFEST would name the pristine
 store's remote/ by its absolute path). Each case damages one segment (truncate, zero-fill
@@ -26,7 +26,7 @@ import shutil
 from collections.abc import Callable
 
 import pytest
-from workload import Model, Rec, batch, diff, log_seqs, parse_segment, segment_paths
+from workload import Model, Rec, batch, diff, load_all, log_seqs, parse_segment, segment_paths
 
 import lsm
 
@@ -37,6 +37,9 @@ TOTAL = 72
 """...then up to TOTAL with large ones (the last segment holds dozens of records)."""
 MORE = 6
 """Batches appended after a successful recovery."""
+OPTIONS = dict(budget=0, seal_interval_s=3600.0)
+"""Every store of the sweep: no merges (a merge deletes the log segments LevelDB has indexed,
+and the sweep reads back every segment), no upload."""
 
 Mutation = Callable[[bytes], bytes]
 
@@ -68,13 +71,11 @@ class Pristine:
 def pristine(tmp_path_factory) -> Pristine:
     print(f"tail sweep: LSM_CRASH_SEED={SEED}")
     path = str(tmp_path_factory.mktemp("pristine") / "store")
-    opts = dict(flush_interval_s=60.0, seal_interval_s=3600.0)
-    with lsm.Store(path, segment_bytes=700, **opts) as s:
+    with lsm.Store(path, segment_bytes=700, **OPTIONS) as s:
         for seq in range(PHASE1):
             s.append(seq, batch(SEED, seq))
             s.flush("disk")
-        s.flush("remote")
-    with lsm.Store(path, segment_bytes=1 << 20, **opts) as s:
+    with lsm.Store(path, segment_bytes=1 << 20, **OPTIONS) as s:
         for seq in range(PHASE1, TOTAL):
             s.append(seq, batch(SEED, seq))
             s.flush("disk")
@@ -82,8 +83,8 @@ def pristine(tmp_path_factory) -> Pristine:
         only_log(path)
         p = Pristine(path)
         assert log_seqs(path) == list(range(TOTAL)), "the pristine log is not seqs 0..TOTAL-1"
-        with lsm.Store(path) as s:
-            got, want = dict(s.scan()), p.model.state(TOTAL - 1)
+        with lsm.Store(path, **OPTIONS) as s:
+            got, want = load_all(s), p.model.state(TOTAL - 1)
             assert s.last_seq == TOTAL - 1 and got == want, f"pristine store:\n{diff(got, want)}"
     only_log(path)
     p = Pristine(path)
@@ -166,7 +167,7 @@ def run_case(p: Pristine, root: str, seg_index: int, name: str, mutate: Mutation
 
 def check_reported(store: str, seg: str, new: bytes, offset: int) -> str | None:
     try:
-        s = lsm.Store(store)
+        s = lsm.Store(store, **OPTIONS)
     except lsm.CorruptLogError as e:
         if os.path.realpath(e.path) != os.path.realpath(seg) or e.offset != offset:
             return f"CorruptLogError at {e.path}:{e.offset}, expected {seg}:{offset} ({e})"
@@ -181,11 +182,11 @@ def check_reported(store: str, seg: str, new: bytes, offset: int) -> str | None:
 
 def check_recovered(p: Pristine, store: str, last: int) -> str | None:
     try:
-        s = lsm.Store(store)
+        s = lsm.Store(store, **OPTIONS)
     except lsm.LsmError as e:
         return f"expected a recovery to seq {last}, got {type(e).__name__}: {e}"
     try:
-        got, want = dict(s.scan()), p.model.state(last)
+        got, want = load_all(s), p.model.state(last)
         if s.last_seq != last or got != want:
             return f"recovered to seq {s.last_seq}, expected {last}:\n{diff(got, want)}"
         for seq in range(last + 1, last + 1 + MORE):
@@ -194,8 +195,8 @@ def check_recovered(p: Pristine, store: str, last: int) -> str | None:
         s.close()
     end = last + MORE
     only_log(store)
-    with lsm.Store(store) as s:
-        got, want = dict(s.scan()), p.model.state(end)
+    with lsm.Store(store, **OPTIONS) as s:
+        got, want = load_all(s), p.model.state(end)
         if s.last_seq != end or got != want:
             return f"after appending: seq {s.last_seq}, expected {end}:\n{diff(got, want)}"
     try:
@@ -208,7 +209,7 @@ def check_recovered(p: Pristine, store: str, last: int) -> str | None:
 
 
 def inner_offsets(r: Rec) -> list[int]:
-    """Offsets inside a record: in its magic, length, checksum, seq and batch."""
+    """Offsets inside a record: in its magic, length, checksum, seq and runs."""
     return sorted(
         {r.start + i for i in (1, 3, 4, 7, 8, 12, 15, 16, 19, 23)}
         | {
@@ -292,7 +293,7 @@ def test_damage_in_a_sealed_segment_is_reported(pristine: Pristine, tmp_path) ->
         damaged = next(r for r in recs if new[r.start : r.end] != pristine.data[seg][r.start : r.end])
         for attempt in (1, 2):  # a failed open must release the store's lock
             with pytest.raises(lsm.CorruptLogError) as ei:
-                lsm.Store(store)
+                lsm.Store(store, **OPTIONS)
             e = ei.value
             assert os.path.realpath(e.path) == os.path.realpath(target), f"{name} (try {attempt}): {e}"
             assert e.offset == damaged.start, f"{name} (try {attempt}): {e}"

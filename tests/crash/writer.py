@@ -3,8 +3,10 @@
 Usage: python writer.py STORE SEED MODE   (MODE: plain | compact | compact-once)
 
 plain, compact (options in workload.WRITER_OPTIONS): continue from `last_seq + 1`, appending
-`workload.batch(SEED, seq)` for seq after seq. compact-once: one compact() of the store as it
-is, with a retention of COMPACT_ONCE_RETENTION, then wait to be killed.
+`workload.batch(SEED, seq)` (the runs of several states) for seq after seq. compact-once: one
+compact() of the store as it is, with workload.COMPACT_ONCE_OPTIONS (a retention of
+COMPACT_ONCE_RETENTION: every state's runs below it folded, its newest runs merged, a base
+image uploaded), then wait to be killed.
 Protocol on stdout, one line each, flushed at once:
 
     open LAST_SEQ        the store was opened with this last seq
@@ -24,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from workload import COMPACT_EVERY, COMPACT_ONCE_RETENTION, WRITER_OPTIONS, batch  # noqa: E402
+from workload import COMPACT_EVERY, COMPACT_ONCE_OPTIONS, WRITER_OPTIONS, batch  # noqa: E402
 
 import lsm  # noqa: E402
 
@@ -34,7 +36,7 @@ not tens of thousands (the test replays every one of them in its model)."""
 
 
 def compact_once(path: str) -> None:
-    store = lsm.Store(path, retention=COMPACT_ONCE_RETENTION, compact_every_updates=0)
+    store = lsm.Store(path, **COMPACT_ONCE_OPTIONS)
     print(f"open {store.last_seq}", flush=True)
     print("compact", flush=True)
     start = time.perf_counter()

@@ -49,7 +49,8 @@ def test_no_encoding_is_a_proper_prefix_of_another(a: object, b: object) -> None
 
 
 def test_str_key_encoding_is_not_a_prefix_of_its_nul_extension() -> None:
-    """The minimal case of the prefix-freeness the MVCC layout relies on (FORMAT.md)."""
+    """The minimal case of the prefix-freeness the disk tier's layout relies on (FORMAT.md: a
+    run's key is 01, the encoded state name, its seq; one state's runs must lie together)."""
     assert not encode_key("a\x00").startswith(encode_key("a"))
     assert not encode_key(b"a\x00").startswith(encode_key(b"a"))
 
