@@ -103,6 +103,7 @@ class Compactor:
             with s._cond:
                 s._error = e if isinstance(e, PersistError) else PersistError("disk", s.path, e)
                 s._failures += 1
+                s._failed_step = s._persister.steps + 1
                 s._cond.notify_all()
         finally:
             self.busy = False
@@ -169,27 +170,40 @@ class Compactor:
     def _base_image(self, h: int, full: bool, report: dict) -> None:
         """Writes the state of every state at `h` to the remote tier when remote log segments
         at or below it are there to be dropped (or `full` asks), then drops them."""
-        s = self.s
-        remote = s.remote
+        remote = self.s.remote
         stale = [f for f in remote.files if not f.base and f.last <= h]
         base = remote.base
         if h < 0 or not (stale or (full and (base is None or base.last < h))):
             return
+        states = self.write_base(h)
+        report["base_image"] = {"seq": h, "states": states}
+
+    def write_base(self, h: int) -> int:
+        """Writes a base image of every state as of `h` (REQUIRES: indexed up to `h`) to the
+        remote tier, deletes the remote files it makes redundant, and returns how many states
+        it holds. A failure is the remote tier's (PersistError)."""
+        from lsm.errors import PersistError
+
+        s = self.s
+        remote = s.remote
         with s._cond:
             catalog = dict(s._catalog)
-        rows = []
-        for sb, refs in catalog.items():
-            below = [r for r in refs if r.lo <= h]
-            if below:
-                rows.append((sb, image([self._view(r) for r in below], h)))
-        with s._tier_lock:
-            remote.write_base(h, rows)
-            for f in list(remote.files):
-                if (f.base and f.last < h) or (not f.base and f.last <= h):
-                    remote.delete(f)
-            with s._cond:
-                s._durable_remote = remote.durable()
-        report["base_image"] = {"seq": h, "states": len(rows)}
+        try:
+            rows = []
+            for sb, refs in catalog.items():
+                below = [r for r in refs if r.lo <= h]
+                if below:
+                    rows.append((sb, image([self._view(r) for r in below], h)))
+            with s._tier_lock:
+                remote.write_base(h, rows)
+                for f in list(remote.files):
+                    if (f.base and f.last < h) or (not f.base and f.last <= h):
+                        remote.delete(f)
+                with s._cond:
+                    s._durable_remote = remote.durable()
+        except OSError as e:
+            raise PersistError("remote", s.path, e) from e
+        return len(rows)
 
     def stop(self) -> None:
         self._stopping = True

@@ -24,6 +24,7 @@ from lsm.run import HEADER
 
 META_APPLIED = b"\x00applied"
 META_HORIZON = b"\x00horizon"
+META_ROLLBACK = b"\x00rollback"
 RUN = b"\x01"
 CATALOG = b"\x02"
 _SEQ = struct.Struct(">Q")
@@ -124,6 +125,19 @@ class DiskTier:
         self.wrote = True
         self.db.put(META_HORIZON, _meta_bytes(horizon), sync=True)
         self.horizon = horizon
+
+    def rollback_marker(self) -> int | None:
+        """The seq of a rollback begun and not finished (a crash part-way), or None."""
+        raw = self.db.get(META_ROLLBACK)
+        return None if raw is None else _SEQ.unpack(raw)[0] - 1
+
+    def begin_rollback(self, seq: int) -> None:
+        """Makes the intent to roll back to `seq` durable: an open finishes what a crash left."""
+        self.wrote = True
+        self.db.put(META_ROLLBACK, _meta_bytes(seq), sync=True)
+
+    def end_rollback(self) -> None:
+        self.db.delete(META_ROLLBACK, sync=True)
 
     def snapshot(self) -> object:
         """A consistent view of the tier as it is now (reads through it ignore later writes)."""

@@ -1,20 +1,19 @@
-"""Order-preserving key encoding and the MVCC key layout of the disk tier.
+"""Order-preserving key encoding: the names of states on the disk tier, and key checks.
 
-A key is None, an int (msgpack's range: -2**63 to 2**64 - 1), a str, bytes, or a tuple (or
-list) of those. Bools and floats are refused: True == 1 and 1.0 == 1 in Python, so they would be
-one key in memory and three on disk. `encode_key` maps it to bytes such that
+A key (and a state's name) is None, an int (msgpack's range: -2**63 to 2**64 - 1), a str, bytes,
+or a tuple (or list) of those. Bools and floats are refused: True == 1 and 1.0 == 1 in Python,
+so they would be one key in memory and three on disk. `encode_key` maps it to bytes such that
 
-- the encoding is prefix-free: no key's encoding is a proper prefix of another's, so the
-  versions of one key (`encode_key(k) + inverted seq`) are contiguous in LevelDB's byte order;
+- the encoding is prefix-free: no key's encoding is a proper prefix of another's, so the runs of
+  one state (`encode_key(name) + hi seq` in LevelDB) are contiguous and never mixed with
+  another state's;
 - keys of one type sort in their natural order (ints numerically, str by code point, tuples
-  element-wise), so a range seek finds them;
-- a str/bytes prefix or a tuple prefix is a byte prefix of the encoding (`encode_prefix`),
-  which is what `scan(prefix=...)` seeks to.
+  element-wise).
 
 Strings and bytes are escaped (0x00 -> 0x00 0xFF) and end in 0x00 0x01, so that after a 0x00
-comes 0xFF (more of the string) or 0x01 (its end), never the first byte of an inverted seq
-(which may be 0xFF: a bare 0x00 end would make "a" a prefix of "a" + NUL); tuples end in 0x00, which
-no element's type byte can be. The byte layout is written down in FORMAT.md.
+comes 0xFF (more of the string) or 0x01 (its end), never the first byte of what follows the
+name (a seq, whose first byte may be 0xFF); tuples end in 0x00, which no element's type byte can
+be. The byte layout is written down in FORMAT.md.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ T_STR = 0x07
 T_TUPLE = 0x08
 
 MAX_SEQ = (1 << 64) - 2
-_INV = (1 << 64) - 1
+_UINT_MAX = (1 << 64) - 1
 _INT_BIAS = 1 << 63
-_SEQ = struct.Struct(">Q")
 _U64 = struct.Struct(">Q")
 
 
@@ -47,7 +45,7 @@ def encode_key(key: object) -> bytes:
     if t is int:
         if -_INT_BIAS <= key < _INT_BIAS:
             return b"\x04" + _U64.pack(key + _INT_BIAS)
-        if _INT_BIAS <= key <= _INV:
+        if _INT_BIAS <= key <= _UINT_MAX:
             return b"\x05" + _U64.pack(key)
         raise KeyEncodingError(f"int key {key} is outside -2**63 .. 2**64-1")
     if t is tuple or t is list:
@@ -99,21 +97,6 @@ def check_key_column(keys: list | tuple) -> bool:
     return False
 
 
-def encode_prefix(prefix: object) -> bytes:
-    """The byte prefix shared by the encodings of every key that starts with `prefix`.
-
-    A str prefix matches str keys that start with it, a bytes prefix bytes keys, a tuple prefix
-    tuples whose first elements equal it; any other value matches only itself.
-    """
-    enc = encode_key(prefix)
-    t = type(prefix)
-    if t is bytes or t is str:
-        return enc[:-2]
-    if t is tuple or t is list:
-        return enc[:-1]
-    return enc
-
-
 def decode_key(buf: bytes, pos: int = 0) -> tuple[object, int]:
     """Decodes one key starting at `pos`; returns it and the position after it."""
     t = buf[pos]
@@ -158,18 +141,3 @@ def decode_items(buf: bytes, pos: int) -> tuple[tuple, int]:
         item, pos = decode_key(buf, pos)
         items.append(item)
     return tuple(items), pos + 1
-
-
-def inverted_seq(seq: int) -> bytes:
-    """8 bytes that sort newer seqs first, so one forward seek finds the newest version <= seq."""
-    return _SEQ.pack(_INV - seq)
-
-
-def mvcc_key(encoded_key: bytes, seq: int) -> bytes:
-    """The disk tier's key of one version: the encoded key, then the inverted seq."""
-    return encoded_key + _SEQ.pack(_INV - seq)
-
-
-def split_mvcc_key(mkey: bytes) -> tuple[bytes, int]:
-    """The encoded key and the seq of a disk tier key."""
-    return mkey[:-8], _INV - _SEQ.unpack_from(mkey, len(mkey) - 8)[0]

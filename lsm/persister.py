@@ -46,6 +46,8 @@ class Persister(threading.Thread):
         self._stopping = False
         self._backoff = 0.0
         self._seal_target = -1
+        self.steps = 0
+        """Steps begun: a wait fails only on an error of a step begun after it (`Store`)."""
         self._encoded: dict[int, dict[bytes, bytes]] = {}
         """seq -> its runs' bytes, from encoding until indexing."""
         self.compactor = Compactor(store)
@@ -64,11 +66,13 @@ class Persister(threading.Thread):
                     return
             level = "disk"
             t0 = time.thread_time()
+            self.steps += 1
+            step = self.steps
             try:
                 with s._tier_lock:
                     level = self._step()
             except Exception as e:  # noqa: BLE001 - the thread must not die: the error surfaces to callers
-                self._fail(level, e)
+                self._fail(level, e, step)
                 continue
             finally:
                 s.stats.persist_cpu_s += time.thread_time() - t0
@@ -89,19 +93,41 @@ class Persister(threading.Thread):
         return self.compactor.due()
 
     def _upload_due(self) -> bool:
-        log = self.s._log
-        if not log.segments or not self.s.options.uploads:
+        s = self.s
+        log = s._log
+        if not s.options.uploads:
             return False
-        if any(seg.sealed and seg.last > self.s._durable_remote for seg in log.segments[-2:]):
+        if self._gap() is not None:
+            return True
+        if not log.segments:
+            return False
+        if any(seg.sealed and seg.last > s._durable_remote for seg in log.segments[-2:]):
             return True
         return self._current_due()
 
-    def _fail(self, level: str, e: BaseException) -> None:
+    def _gap(self) -> int | None:
+        """The seq up to which the remote tier needs a base image before any log segment can
+        extend it: seqs were indexed and their log segments deleted while the store did not
+        upload, so the local log no longer holds the seqs just above what the remote tier
+        holds. None: no gap (seqs need not be consecutive: a gap is a run's seq missing)."""
+        s = self.s
+        held = s._durable_remote
+        if held >= s._disk.applied:
+            return None
+        first = next((seg.first for seg in s._log.segments if seg.last >= seg.first), s._disk.applied + 1)
+        if first <= held + 1:
+            return None
+        if not any(ref.lo < first and ref.hi > held for refs in s._catalog.values() for ref in refs):
+            return None
+        return min(first - 1, s._disk.applied)
+
+    def _fail(self, level: str, e: BaseException, step: int) -> None:
         s = self.s
         err = e if isinstance(e, PersistError) else PersistError(level, s.path, e)
         with s._cond:
             s._error = err
             s._failures += 1
+            s._failed_step = step
             s.stats.persist_errors += 1
             s._cond.notify_all()
             self._backoff = min(MAX_BACKOFF_S, (self._backoff or 0.005) * 2)
@@ -186,6 +212,10 @@ class Persister(threading.Thread):
     def _upload(self) -> None:
         s = self.s
         log = s._log
+        gap = self._gap()
+        if gap is not None:
+            # everything up to `gap` is indexed: a base image of it makes the tier whole
+            self.compactor.write_base(gap)
         if self._current_due():
             log.seal()
         start = s._durable_remote

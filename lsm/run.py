@@ -45,6 +45,18 @@ def _bounds(sorted_hashes: np.ndarray) -> tuple[int, int]:
     return int(sorted_hashes[0]), int(sorted_hashes[-1])
 
 
+CHECKSUM_AT = 56
+"""Where the checksum lies in the header: it covers the header's other bytes and the body."""
+
+
+def _checksum(head: bytes | memoryview, body: bytes | memoryview) -> int:
+    h = xxhash.xxh3_64()
+    h.update(head[:CHECKSUM_AT])
+    h.update(head[CHECKSUM_AT + 8 : HEADER.size])
+    h.update(body)
+    return h.intdigest()
+
+
 def _assemble(
     lo: int,
     hi: int,
@@ -57,22 +69,10 @@ def _assemble(
     sections: list[bytes],
 ) -> bytes:
     body = b"".join(sections)
-    head = HEADER.pack(
-        RUN_MAGIC,
-        RUN_VERSION,
-        flags,
-        lo,
-        hi,
-        n,
-        ndel,
-        nhist,
-        0,
-        hmin,
-        hmax,
-        xxhash.xxh3_64_intdigest(body),
-        *(len(s) for s in sections),
-    )
-    return head + body
+    fields = [RUN_MAGIC, RUN_VERSION, flags, lo, hi, n, ndel, nhist, 0, hmin, hmax, 0, *(len(s) for s in sections)]
+    head = HEADER.pack(*fields)
+    fields[11] = _checksum(head, body)
+    return HEADER.pack(*fields) + body
 
 
 class PendingRun:
@@ -194,8 +194,10 @@ class RunView:
             raise FormatVersionError(where, version, RUN_VERSION)
         if HEADER.size + sum(lengths) != len(data):
             raise CorruptLogError(where, 0, "run length does not match its sections")
-        if verify and xxhash.xxh3_64_intdigest(memoryview(data)[HEADER.size :]) != checksum:
-            raise CorruptLogError(where, HEADER.size, "run checksum mismatch")
+        if verify:
+            mv = memoryview(data)
+            if _checksum(mv[: HEADER.size], mv[HEADER.size :]) != checksum:
+                raise CorruptLogError(where, HEADER.size, "run checksum mismatch")
         self.data = data
         self.where = where
         self.flags, self.lo, self.hi, self.n, self.ndel, self.nhist = flags, lo, hi, n, ndel, nhist

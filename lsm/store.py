@@ -150,7 +150,7 @@ def _columns(updates: Any) -> tuple[list, list]:
     sequences, or a mapping."""
     if isinstance(updates, Mapping):
         return list(updates), list(updates.values())
-    if isinstance(updates, tuple) and len(updates) == 2:
+    if isinstance(updates, tuple) and len(updates) == 2 and not isinstance(updates[0], str | bytes):
         keys, values = updates
         try:
             keys, values = list(keys), list(values)
@@ -226,6 +226,11 @@ class Store:
         if fresh and self.remote.files:
             self._restore_from_remote()
         replay = self._log.open(after=self._disk.applied)
+        unfinished = self._disk.rollback_marker()
+        if unfinished is not None:
+            # a crash inside a rollback: finish it
+            self._rollback_tiers(unfinished)
+            replay = [r for r in replay if r.seq <= unfinished]
         local_last = max(self._log.last_seq, self._disk.applied)
         replay += self._remote_records_after(local_last)
 
@@ -235,6 +240,8 @@ class Store:
         self._pins: dict[int, int] = {}
         self._error: PersistError | None = None
         self._failures = 0
+        self._failed_step = 0
+        """The persister's step whose failure is `_error` (a wait takes only later ones)."""
         self._batches: list[Batch] = [self._batch_of(rec) for rec in replay]
         self._mem_bytes = sum(b.nbytes for b in self._batches)
         self._logged = self._batches[-1].seq if self._batches else local_last
@@ -247,7 +254,6 @@ class Store:
         self._views: OrderedDict = OrderedDict()
         self._views_bytes = 0
         self._views_lock = threading.Lock()
-        self._state_keys: dict = {}
         self._gen = 0
         self._view: tuple = ((), {}, None, 0)
         self._publish_locked()
@@ -375,10 +381,10 @@ class Store:
 
     def _wait_for_memory(self) -> None:
         start = time.perf_counter()
-        failures = self._failures
+        since = self._persister.steps
         with self._cond:
             while self._mem_bytes > self.options.memory_bytes and not self._closed:
-                if self._failures != failures and self._fails_level("disk"):
+                if self._failed_step > since and self._fails_level("disk"):
                     raise self._error
                 self._cond.wait(0.05)
         self.stats.backpressure_s += time.perf_counter() - start
@@ -425,14 +431,6 @@ class Store:
                 _, old = self._views.popitem(last=False)
                 self._views_bytes -= old.nbytes
         return v
-
-    def _state_key(self, state: Any) -> bytes:
-        sb = self._state_keys.get(state) if type(state) is not list else None
-        if sb is None:
-            sb = encode_key(state)
-            if len(self._state_keys) < 4096 and type(state) is not list:
-                self._state_keys[state] = sb
-        return sb
 
     def get(self, state: Any, key: Any, as_of: int | None = None, default: Any = None) -> Any:
         """The value of `key` in `state` right after seq `as_of` (None: now), or `default`.
@@ -565,12 +563,14 @@ class Store:
 
     def _wait_durable(self, level: str, seq: int, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        failures = self._failures
+        # a step under way when the wait began may fail of a fault cleared since: only a
+        # failure of a step begun after it counts
+        since = self._persister.steps
         with self._cond:
             while self.durable(level) < seq:
                 if self._closed:
                     raise StoreClosedError(f"store {self.path} is closed")
-                if self._failures != failures and self._fails_level(level):
+                if self._failed_step > since and self._fails_level(level):
                     raise self._error
                 if deadline is not None and time.monotonic() >= deadline:
                     raise LsmError(f"{self.path}: seq {seq} not durable on {level} after {timeout}s")
@@ -604,36 +604,19 @@ class Store:
     def rollback(self, to_seq: int) -> None:
         """Makes the store exactly what it was right after `to_seq`, on every tier.
 
-        Raises RetentionError if `to_seq` is older than the retention horizon. Crash-safe by
-        its order: disk tier first, then remote, then the local log, so a crash part-way
-        leaves either the old state (the log replays it) or the new one.
+        Raises RetentionError if `to_seq` is older than the retention horizon. Crash-safe by an
+        intent written first: the disk tier holds "rolling back to `to_seq`" (synced) before any
+        tier changes, and an open that finds it finishes the rollback (every step repeats
+        harmlessly), so a crash part-way leaves the old state (before the intent) or the new one.
         """
-        from lsm.run import truncate
-
         with self._persister.compactor.lock, self._tier_lock:
             # checked under the compaction lock: a merge may have moved the horizon past
             # to_seq while this call waited for the lock
             self._check_as_of(to_seq)
             if to_seq >= self._last:
                 return
-            removed: list[RunRef] = []
-            added: list[tuple[bytes, bytes]] = []
-            for sb, refs in self._catalog.items():
-                for i, ref in enumerate(refs):
-                    if ref.hi <= to_seq:
-                        continue
-                    removed.append(ref)
-                    if ref.lo <= to_seq:
-                        view = self._run_view(ref, self._view[2])
-                        added.append((sb, truncate(view, to_seq, self.horizon, base=i == 0)))
-            refs_added = self._disk.write(added, removed, applied=min(self._disk.applied, to_seq), sync=True)
-            self.remote.drop_after(to_seq)
-            self._log.truncate_after(to_seq)
-            if to_seq >= 0 and self._disk.applied == to_seq and self._log.last_seq != to_seq:
-                # LevelDB says to_seq now (it had indexed past it), so a crash recovers to_seq:
-                # the log must hold a record of it, or the remote tier could never reach it
-                # (nothing at or below to_seq waits to be logged: an empty record carries it)
-                self._log.append([(to_seq, pack_keys({}))])
+            self._disk.begin_rollback(to_seq)
+            removed, refs_added = self._rollback_tiers(to_seq)
             with self._cond:
                 gone = {(r.state, r.hi) for r in removed}
                 cat = {sb: tuple(r for r in refs if (sb, r.hi) not in gone) for sb, refs in self._catalog.items()}
@@ -663,6 +646,37 @@ class Store:
                 p._seal_target = min(p._seal_target, to_seq)
                 self._publish_locked()
                 self._cond.notify_all()
+
+    def _rollback_tiers(self, to_seq: int) -> tuple[list[RunRef], list[RunRef]]:
+        """The tiers' part of a rollback to `to_seq` (its intent durable already): runs above it
+        go, a merged run across it is cut back, the remote tier and the log lose what is above
+        it, and the intent is cleared. Returns the runs removed and added. REQUIRES: tier lock
+        held (or no other thread yet: an open finishing a rollback)."""
+        from lsm.run import truncate
+
+        removed: list[RunRef] = []
+        added: list[tuple[bytes, bytes]] = []
+        by_state: dict[bytes, list[RunRef]] = {}
+        for ref in self._disk.catalog():
+            by_state.setdefault(ref.state, []).append(ref)
+        for sb, refs in by_state.items():
+            for i, ref in enumerate(refs):
+                if ref.hi <= to_seq:
+                    continue
+                removed.append(ref)
+                if ref.lo <= to_seq:
+                    view = RunView(self._disk.read(ref), f"{self.path}: run of seq {ref.hi}")
+                    added.append((sb, truncate(view, to_seq, self._disk.horizon, base=i == 0)))
+        refs_added = self._disk.write(added, removed, applied=min(self._disk.applied, to_seq), sync=True)
+        self.remote.drop_after(to_seq)
+        self._log.truncate_after(to_seq)
+        if to_seq >= 0 and self._disk.applied == to_seq and self._log.last_seq != to_seq:
+            # LevelDB says to_seq now (it had indexed past it), so a crash recovers to_seq:
+            # the log must hold a record of it, or the remote tier could never reach it
+            # (nothing at or below to_seq waits to be logged: an empty record carries it)
+            self._log.append([(to_seq, pack_keys({}))])
+        self._disk.end_rollback()
+        return removed, refs_added
 
     def compact(self) -> dict:
         """Indexes everything, then merges every state's runs as far as retention allows and

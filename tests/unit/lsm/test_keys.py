@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from lsm import KeyEncodingError
-from lsm.keys import decode_key, encode_key, encode_prefix
+from lsm.keys import decode_key, encode_key
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
@@ -147,42 +147,6 @@ def test_decode_stops_at_the_end_of_the_first_key(a: object, b: object) -> None:
     decoded, end = decode_key(ea + encode_key(b))
     assert decoded == canonical(a)
     assert end == len(ea)
-
-
-# -- prefixes -------------------------------------------------------------------------------
-
-
-@given(texts, texts)
-@example("a", "a\x00")
-@example("", "x")
-def test_str_prefix_matches_exactly_the_str_keys_that_start_with_it(prefix: str, key: str) -> None:
-    assert encode_key(key).startswith(encode_prefix(prefix)) == key.startswith(prefix)
-
-
-@given(blobs, blobs)
-@example(b"a", b"a\x00\xff")
-def test_bytes_prefix_matches_exactly_the_bytes_keys_that_start_with_it(prefix: bytes, key: bytes) -> None:
-    assert encode_key(key).startswith(encode_prefix(prefix)) == key.startswith(prefix)
-
-
-@given(uniform_tuples, uniform_tuples)
-@example(("a",), ("a", 3))
-@example(("a",), ("a\x00",))
-@example(("a",), ("a\x00", 3))
-def test_tuple_prefix_matches_tuples_whose_first_elements_equal_it(prefix: tuple, key: tuple) -> None:
-    expected = key[: len(prefix)] == prefix
-    assert encode_key(key).startswith(encode_prefix(prefix)) == expected
-
-
-@given(st.none() | ints | texts | blobs | uniform_tuples, st.none() | ints | texts | blobs)
-def test_prefix_never_matches_another_type(prefix: object, key: object) -> None:
-    if type(prefix) is not type(key):
-        assert not encode_key(key).startswith(encode_prefix(prefix))
-
-
-@given(st.none() | ints, st.none() | ints)
-def test_a_non_sequence_prefix_matches_only_itself(prefix: object, key: object) -> None:
-    assert encode_key(key).startswith(encode_prefix(prefix)) == (prefix == key and type(prefix) is type(key))
 
 
 # -- refused keys ---------------------------------------------------------------------------
