@@ -37,7 +37,7 @@ from lsm.errors import (
     StoreLockedError,
     ValueEncodingError,
 )
-from lsm.store import Snapshot, Store, StoreOptions
+from lsm.store import Snapshot, Store, StoreOptions, Updates
 
 __all__ = [
     "TOMBSTONE",
@@ -53,5 +53,6 @@ __all__ = [
     "StoreClosedError",
     "StoreLockedError",
     "StoreOptions",
+    "Updates",
     "ValueEncodingError",
 ]

@@ -63,6 +63,7 @@ _BUILD = {
 
 def _default(obj: object) -> object:
     if obj is TOMBSTONE:
+        _local.tombstones = True
         return _TOMB_EXT
     t = type(obj)
     code = _ARRAYS.get(t)
@@ -128,6 +129,13 @@ def pack_values(value: Any) -> bytes:
     except BaseException:
         p.reset()
         raise
+
+
+def pack_column(values: list) -> tuple[bytes, bool]:
+    """The bytes of a value column, and whether it holds a deletion (seen while packing: no
+    second pass over the values)."""
+    _local.tombstones = False
+    return pack_values(values), _local.tombstones
 
 
 def unpack_values(data: bytes) -> Any:

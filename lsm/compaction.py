@@ -157,7 +157,7 @@ class Compactor:
                 s._publish_locked()
                 s.stats.merges += 1
                 s.stats.merged_bytes += len(data)
-                s.stats.versions_dropped += sum(r.n + r.nhist for r in refs) - (ref.n + ref.nhist)
+                s.stats.versions_dropped += sum(r.n + r.npairs + r.nhist for r in refs) - (ref.n + ref.nhist)
         report["merges"] += 1
         report["merged_bytes"] += len(data)
 

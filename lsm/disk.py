@@ -51,11 +51,12 @@ class RunRef(NamedTuple):
     hmin: int
     hmax: int
     nbytes: int
+    npairs: int
 
 
 def ref_of(state: bytes, header: bytes, nbytes: int) -> RunRef:
     f = HEADER.unpack_from(header, 0)
-    return RunRef(state, f[3], f[4], f[5], f[6], f[7], f[9], f[10], nbytes)
+    return RunRef(state, f[3], f[4], f[5], f[6], f[7], f[9], f[10], nbytes, f[8])
 
 
 def _meta_int(db: plyvel.DB, key: bytes, default: int) -> int:

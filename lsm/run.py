@@ -32,8 +32,24 @@ RUN_MAGIC = b"NSRN"
 RUN_VERSION = 2
 MULTI = 1
 """Flag: the run holds a seq column and a history block (a merge wrote it)."""
-HEADER = struct.Struct("<4sHHQQIIIIQQQ10I")
-SECTIONS = ("hashes", "order", "keys", "values", "dels", "seqs", "h_hashes", "h_keys", "h_values", "h_seqs")
+HASHED = 2
+"""Flag: the run holds the sorted key-hash column of its key column (a merge wrote it); an
+append's run does not: hashing is half of a run's cost, and only a point look-up needs it."""
+HEADER = struct.Struct("<4sHHQQIIIIQQQ11I")
+SECTIONS = (
+    "pairs",
+    "hashes",
+    "order",
+    "keys",
+    "values",
+    "dels",
+    "seqs",
+    "h_hashes",
+    "h_keys",
+    "h_values",
+    "h_seqs",
+)
+ALL_HASHES = (0, (1 << 64) - 1)
 MISSING = object()
 _U64 = np.dtype("<u8")
 _U32 = np.dtype("<u4")
@@ -67,30 +83,57 @@ def _assemble(
     hmin: int,
     hmax: int,
     sections: list[bytes],
+    npairs: int = 0,
 ) -> bytes:
     body = b"".join(sections)
-    fields = [RUN_MAGIC, RUN_VERSION, flags, lo, hi, n, ndel, nhist, 0, hmin, hmax, 0, *(len(s) for s in sections)]
+    fields = [RUN_MAGIC, RUN_VERSION, flags, lo, hi, n, ndel, nhist, npairs, hmin, hmax, 0, *(len(s) for s in sections)]
     head = HEADER.pack(*fields)
     fields[11] = _checksum(head, body)
     return HEADER.pack(*fields) + body
 
 
+def join_pairs(chunks: list[tuple[int, bytes]]) -> tuple[int, bytes]:
+    """One msgpack array of the pairs in `chunks`: (n, msgpack array of n [key, value] pairs)
+    each, in order. Each chunk's array header is cut and one header for all of them written,
+    so the pairs are copied once and never decoded."""
+    total = sum(n for n, _ in chunks)
+    if total <= 15:
+        head = bytes([0x90 | total])
+    elif total <= 0xFFFF:
+        head = b"\xdc" + total.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + total.to_bytes(4, "big")
+    return total, head + b"".join(b[1 if n <= 15 else 3 if n <= 0xFFFF else 5 :] for n, b in chunks)
+
+
 class PendingRun:
-    """A run as appended, before the persister encodes it (single seq, in column order).
+    """A run as appended, before the persister encodes it (single seq).
 
-    Within it a later column holds the newer version of a key; `dels` lists the deletions that
-    are a key's last column (a key deleted and then set again in one batch is set)."""
+    Its pairs (updates logged as they were made, oldest first: `Updates.pairs`) come before its
+    columns, and within either a later entry holds the newer version of a key; `dels` lists
+    the deletions that are a key's last column (a key deleted and then set again in one batch
+    is set)."""
 
-    __slots__ = ("seq", "keys", "keys_b", "values_b", "dels", "_values", "_index")
+    __slots__ = ("seq", "keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest")
 
-    def __init__(self, seq: int, keys: list, keys_b: bytes, values_b: bytes, dels: list[int]) -> None:
+    def __init__(
+        self,
+        seq: int,
+        keys: list,
+        keys_b: bytes,
+        values_b: bytes,
+        dels: list[int],
+        pairs_b: bytes = b"",
+        npairs: int = 0,
+    ) -> None:
         self.seq = seq
         self.keys = keys
         self.keys_b = keys_b
         self.values_b = values_b
         self.dels = dels
-        self._values: list | None = None
-        self._index: dict | None = None
+        self.pairs_b = pairs_b
+        self.npairs = npairs
+        self._latest: dict | None = None
 
     @property
     def lo(self) -> int:
@@ -102,51 +145,58 @@ class PendingRun:
 
     @property
     def n(self) -> int:
+        """Entries in the key and value columns (besides the pairs)."""
         return len(self.keys)
 
     @property
     def nbytes(self) -> int:
         """The size of the encoded run."""
-        n = len(self.keys)
-        return HEADER.size + 12 * n + len(self.keys_b) + len(self.values_b) + 4 * len(self.dels)
+        return HEADER.size + len(self.pairs_b) + len(self.keys_b) + len(self.values_b) + 4 * len(self.dels)
 
     @property
     def values(self) -> list:
         """The value column, decoded anew: the caller owns what it gets."""
         return unpack_values(self.values_b)
 
+    def pairs(self) -> tuple:
+        """The pairs, decoded anew."""
+        return unpack_keys(self.pairs_b) if self.npairs else ()
+
     def lookup(self, key: Any, h: int, as_of: int) -> Any:
         if as_of < self.seq:
             return MISSING
-        if self._index is None:
-            self._index = dict(zip(self.keys, range(len(self.keys)), strict=True))
-            self._values = unpack_values(self.values_b)
-        i = self._index.get(key)
-        return MISSING if i is None else own(self._values[i])
+        if self._latest is None:
+            latest: dict = {}
+            self.apply(latest, keep_deletions=True)
+            self._latest = latest
+        v = self._latest.get(key, MISSING)
+        return v if v is MISSING else own(v)
 
-    def apply(self, d: dict, as_of: int | None = None) -> None:
-        """Makes `d` the state after this run (REQUIRES: `as_of` None or at least its seq)."""
+    def apply(self, d: dict, as_of: int | None = None, keep_deletions: bool = False) -> None:
+        """Makes `d` the state after this run (REQUIRES: `as_of` None or at least its seq); with
+        `keep_deletions`, a deleted key is left as TOMBSTONE."""
+        if self.npairs:
+            d.update(self.pairs())
         keys = self.keys
         d.update(zip(keys, self.values, strict=True))
-        pop = d.pop
-        for i in self.dels:
-            pop(keys[i], None)
+        if not keep_deletions:
+            pop = d.pop
+            for i in self.dels:
+                pop(keys[i], None)
 
     def entries(self) -> tuple[list, list, np.ndarray, np.ndarray]:
-        """keys, values, seqs and hashes of every entry, in column order (for a merge)."""
-        n = len(self.keys)
-        return list(self.keys), self.values, np.full(n, self.seq, _U64), key_hashes(self.keys)
+        """keys, values, seqs and hashes of every entry, pairs first (for a merge)."""
+        pairs = self.pairs()
+        keys = [k for k, _ in pairs] + list(self.keys)
+        values = [v for _, v in pairs] + self.values
+        return keys, values, np.full(len(keys), self.seq, _U64), key_hashes(keys)
 
     def encode(self) -> bytes:
-        """The run's bytes: the hash column and its permutation computed, the keys packed."""
-        keys = self.keys
-        hashes = key_hashes(keys)
-        order = np.argsort(hashes, kind="stable").astype(_U32)
-        sorted_h = hashes[order]
-        hmin, hmax = _bounds(sorted_h)
+        """The run's bytes: the sections laid end to end, nothing decoded or hashed."""
         sections = [
-            sorted_h.astype(_U64, copy=False).tobytes(),
-            order.tobytes(),
+            self.pairs_b,
+            b"",
+            b"",
             self.keys_b,
             self.values_b,
             np.asarray(self.dels, dtype=_U32).tobytes(),
@@ -156,7 +206,9 @@ class PendingRun:
             b"",
             b"",
         ]
-        return _assemble(self.seq, self.seq, 0, len(keys), len(self.dels), 0, hmin, hmax, sections)
+        return _assemble(
+            self.seq, self.seq, 0, len(self.keys), len(self.dels), 0, *ALL_HASHES, sections, npairs=self.npairs
+        )
 
 
 class RunView:
@@ -171,8 +223,10 @@ class RunView:
         "n",
         "ndel",
         "nhist",
+        "npairs",
         "hmin",
         "hmax",
+        "_latest",
         "_off",
         "_keys",
         "_values",
@@ -186,7 +240,7 @@ class RunView:
         if len(data) < HEADER.size:
             raise CorruptLogError(where, 0, f"run shorter than its header ({len(data)} bytes)")
         fields = HEADER.unpack_from(data, 0)
-        magic, version, flags, lo, hi, n, ndel, nhist, _, hmin, hmax, checksum = fields[:12]
+        magic, version, flags, lo, hi, n, ndel, nhist, npairs, hmin, hmax, checksum = fields[:12]
         lengths = fields[12:]
         if magic != RUN_MAGIC:
             raise CorruptLogError(where, 0, "not a run (bad magic)")
@@ -201,7 +255,9 @@ class RunView:
         self.data = data
         self.where = where
         self.flags, self.lo, self.hi, self.n, self.ndel, self.nhist = flags, lo, hi, n, ndel, nhist
+        self.npairs = npairs
         self.hmin, self.hmax = hmin, hmax
+        self._latest: dict | None = None
         off = {}
         pos = HEADER.size
         for name, ln in zip(SECTIONS, lengths, strict=True):
@@ -271,6 +327,10 @@ class RunView:
             return (), [], np.zeros(0, _U64), np.zeros(0, _U64)
         return self._history_keys(), unpack_values(self._raw("h_values")), self._u64("h_seqs"), self._u64("h_hashes")
 
+    def pairs(self) -> tuple:
+        """The pairs, decoded anew."""
+        return unpack_keys(self._raw("pairs")) if self.npairs else ()
+
     def _history_keys(self) -> tuple:
         if self._hkeys is None:
             self._hkeys = unpack_keys(self._raw("h_keys"))
@@ -280,6 +340,14 @@ class RunView:
         """The value of `key` as of `as_of` in this run: a value, TOMBSTONE, or MISSING."""
         if as_of < self.lo or h < self.hmin or h > self.hmax:
             return MISSING
+        if not self.flags & HASHED:
+            # an append's run (one seq): its latest versions, as a dict built once
+            if self._latest is None:
+                latest: dict = {}
+                self.apply(latest, keep_deletions=True)
+                self._latest = latest
+            v = self._latest.get(key, MISSING)
+            return v if v is MISSING else own(v)
         hashes = self.hashes
         hu = np.uint64(h)  # a Python int above 2**63 would make numpy compare as floats, slowly
         i = int(np.searchsorted(hashes, hu, "left"))
@@ -305,12 +373,15 @@ class RunView:
                     return own(self._hvalues[x])  # newest first: the first one old enough
         return MISSING
 
-    def apply(self, d: dict, as_of: int | None = None) -> None:
-        """Makes `d` the state after this run, as of `as_of` (None: the run's last seq)."""
+    def apply(self, d: dict, as_of: int | None = None, keep_deletions: bool = False) -> None:
+        """Makes `d` the state after this run, as of `as_of` (None: the run's last seq); with
+        `keep_deletions`, a deleted key is left as TOMBSTONE."""
         if as_of is None or as_of >= self.hi:
+            if self.npairs:
+                d.update(self.pairs())
             keys = self.keys
             d.update(zip(keys, self.values, strict=True))
-            if self.ndel:
+            if self.ndel and not keep_deletions:
                 pop = d.pop
                 for i in self.dels.tolist():
                     pop(keys[i], None)
@@ -326,6 +397,10 @@ class RunView:
     def as_of(self, as_of: int) -> dict:
         """Every key's newest version at or below `as_of` in this run (TOMBSTONE included)."""
         out: dict = {}
+        if not self.flags & MULTI:
+            if as_of >= self.hi:
+                self.apply(out, keep_deletions=True)
+            return out
         hkeys, hvalues, hseqs, _ = self.history
         for k, v, s in zip(hkeys, hvalues, hseqs.tolist(), strict=True):
             if s <= as_of and k not in out:
@@ -337,13 +412,20 @@ class RunView:
         return out
 
     def entries(self) -> tuple[list, list, np.ndarray, np.ndarray]:
-        """keys, values, seqs and hashes of every entry (latest, then history), for a merge."""
-        col_h = np.empty(self.n, _U64)
-        col_h[self.order] = self.hashes
+        """keys, values, seqs and hashes of every entry (pairs, latest, then history), for a
+        merge; an append's run is hashed here."""
+        pairs = self.pairs()
         hkeys, hvalues, hseqs, hhashes = self.history
-        keys = list(self.keys) + list(hkeys)
-        values = list(self.values) + list(hvalues)
-        return keys, values, np.concatenate([self.seqs, hseqs]), np.concatenate([col_h, hhashes])
+        keys = [k for k, _ in pairs] + list(self.keys) + list(hkeys)
+        values = [v for _, v in pairs] + list(self.values) + list(hvalues)
+        if self.flags & HASHED:
+            col_h = np.empty(self.n, _U64)
+            col_h[self.order] = self.hashes
+            hashes = np.concatenate([key_hashes(keys[: self.npairs]), col_h, hhashes])
+        else:
+            hashes = key_hashes(keys)
+        seqs = np.concatenate([np.full(self.npairs, self.hi, _U64), self.seqs, hseqs])
+        return keys, values, seqs, hashes
 
 
 def merge(runs: list, horizon: int, base: bool) -> bytes:
@@ -391,7 +473,7 @@ def image(runs: list, seq: int) -> bytes:
 def _build(K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, horizon: int, base: bool) -> bytes:
     total = len(K)
     if total == 0:
-        return _assemble(lo, hi, MULTI, 0, 0, 0, 1, 0, [b""] * len(SECTIONS))
+        return _assemble(lo, hi, MULTI | HASHED, 0, 0, 0, 1, 0, [b""] * len(SECTIONS))
     S = S.astype(np.int64)
     pos = np.arange(total, dtype=np.int64)
     # by hash, then newest first; among versions of one seq (a key twice in one batch) the later
@@ -428,6 +510,7 @@ def _build(K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, hor
     lat_dels = np.flatnonzero(deleted[keep_latest]).astype(_U32)
     hmin, hmax = _bounds(lat_h)
     sections = [
+        b"",
         lat_h.astype(_U64).tobytes(),
         np.arange(len(lat_keys), dtype=_U32).tobytes(),
         pack_keys(lat_keys),
@@ -439,7 +522,7 @@ def _build(K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, hor
         pack_values(hist_values),
         S[hist].astype(_U64).tobytes(),
     ]
-    return _assemble(lo, hi, MULTI, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections)
+    return _assemble(lo, hi, MULTI | HASHED, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections)
 
 
 def _is_tombstone(v: Any) -> bool:

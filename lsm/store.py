@@ -27,10 +27,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from lsm import files
-from lsm.codec import TOMBSTONE, key_hash, pack_keys, pack_values, unpack_keys
+from lsm.codec import TOMBSTONE, key_hash, pack_column, pack_keys, pack_values, unpack_keys
 from lsm.disk import DiskTier, RunRef
 from lsm.errors import (
     KeyEncodingError,
@@ -47,7 +47,7 @@ from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.records import Record
 from lsm.remote import RemoteTier
-from lsm.run import MISSING, PendingRun, RunView
+from lsm.run import MISSING, PendingRun, RunView, join_pairs
 
 LEVELS = ("memory", "disk", "remote")
 DEFAULT_REMOTE = ""
@@ -143,6 +143,23 @@ class Snapshot:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class Updates(NamedTuple):
+    """A state's updates for `append`, as its writer holds them.
+
+    - `pairs`: updates logged as they were made, as msgpack chunks: (n, a msgpack array of n
+      [key, value] pairs) each, oldest first; each value None, a bool, an int, a float, str or
+      bytes (a container, whose type must come back, goes in the columns);
+    - `keys`, `values`: columns, applied after the pairs (TOMBSTONE deletes);
+    - `checked`: every key is known to be a store key already (`keys.check_key_column`), and
+      is not checked again. REQUIRES: true of the pairs' keys too, whatever `checked` says.
+    """
+
+    keys: list = []
+    values: list = []
+    pairs: list = []
+    checked: bool = False
 
 
 def _columns(updates: Any) -> tuple[list, list]:
@@ -326,8 +343,13 @@ class Store:
                 sb = encode_key(state)
             except KeyEncodingError as e:
                 raise KeyEncodingError(f"append seq {seq} to {self.path}: state name: {e}") from None
-            keys, values = _columns(updates)
-            built[sb] = self._pending(seq, state, keys, values)
+            if isinstance(updates, Updates):
+                built[sb] = self._pending(
+                    seq, state, list(updates.keys), list(updates.values), updates.pairs, updates.checked
+                )
+            else:
+                keys, values = _columns(updates)
+                built[sb] = self._pending(seq, state, keys, values)
         batch = Batch(seq, built)
         with self._lock:
             self._batches.append(batch)
@@ -338,16 +360,20 @@ class Store:
             over = self._mem_bytes > self.options.memory_bytes
         st = self.stats
         st.appended_runs += len(built)
-        st.appended_updates += sum(r.n for r in built.values())
+        st.appended_updates += sum(r.n + r.npairs for r in built.values())
         st.appended_bytes += batch.nbytes
         if over:
             self._wait_for_memory()
         return batch.nbytes
 
-    def _pending(self, seq: int, state: Any, keys: list, values: list) -> PendingRun:
+    def _pending(
+        self, seq: int, state: Any, keys: list, values: list, pairs: list = (), checked: bool = False
+    ) -> PendingRun:
         where = f"append seq {seq} to {self.path}, state {state!r}"
+        if len(keys) != len(values):
+            raise LsmError(f"{where}: {len(keys)} keys and {len(values)} values")
         try:
-            if not check_key_column(keys):
+            if not checked and not check_key_column(keys):
                 # lists, at any depth, become the tuples they are as keys
                 keys = [k if type(k) in KEY_TYPES else decode_key(encode_key(k))[0] for k in keys]
             keys_b = pack_keys(keys)
@@ -356,7 +382,7 @@ class Store:
         except (TypeError, ValueError, OverflowError) as e:
             raise KeyEncodingError(f"{where}: {e}") from None
         try:
-            values_b = pack_values(values)
+            values_b, deleted = pack_column(values)
         except (TypeError, ValueError, OverflowError):
             for k, v in zip(keys, values, strict=True):
                 try:
@@ -365,12 +391,13 @@ class Store:
                     raise ValueEncodingError(where, state, k, v, e) from None
             raise
         dels: list[int] = []
-        if TOMBSTONE in values:
+        if deleted:
             dels = [i for i, v in enumerate(values) if v is TOMBSTONE]
             last = dict(zip(keys, range(len(keys)), strict=True))
             if len(last) < len(keys):
                 dels = [i for i in dels if last[keys[i]] == i]
-        return PendingRun(seq, keys, keys_b, values_b, dels)
+        npairs, pairs_b = join_pairs(pairs) if pairs else (0, b"")
+        return PendingRun(seq, keys, keys_b, values_b, dels, pairs_b, npairs)
 
     def _publish_locked(self, disk_changed: bool = True) -> None:
         """REQUIRES: _lock held (or no other thread yet). Replaces the read view; a LevelDB
@@ -492,7 +519,7 @@ class Store:
 
     def runs(self, state: Any) -> list[tuple[int, int, int]]:
         """(lo, hi, entries) of each run of `state`, oldest first: what a load applies."""
-        return [(r.lo, r.hi, r.n) for r in reversed(self._runs(encode_key(state), self._view, MAX_SEQ))]
+        return [(r.lo, r.hi, r.n + r.npairs) for r in reversed(self._runs(encode_key(state), self._view, MAX_SEQ))]
 
     # -- durability ----------------------------------------------------------------
 

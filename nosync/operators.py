@@ -29,9 +29,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
-from lsm import TOMBSTONE
+import msgpack
+
+from lsm import TOMBSTONE, Updates
 from lsm.keys import check_keys, encode_key
 from nosync import statecodec
 from nosync.errors import PipelineError, RunFailed
@@ -149,13 +152,16 @@ class Op:
                 f"operator '{self.name}' (declared at {self.node.where}) raised {type(e).__name__}: {e}"
             ) from e
         if self.track_dirty:
-            self.dirty.update([r[0] for r in records])
+            self.note_changes(records, out)
         self.busy_s += time.perf_counter() - t
         if out:
             self.emit(out, self.last_epoch)
 
     def process(self, records: list, epoch: int, channel: Any) -> list | None:
         return records
+
+    def note_changes(self, records: list, out: list | None) -> None:
+        """With `track_dirty`: what processing `records` changed (keyed operators)."""
 
     def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
         if self.blocked and channel in self.blocked:
@@ -265,15 +271,27 @@ class KeyedOp(Op):
         super().__init__(node)
         self.state: dict = {}
         self.dirty: set = set()
+        self.pairs: list = []
+        """Updates logged as they were made (operators whose output is each key's new state),
+        packed: (n, msgpack array of n [key, value] pairs) per batch."""
 
-    def take_updates(self) -> tuple[list, list]:
-        """The keyed updates since the last call, as a key column and a value column
-        (TOMBSTONE for a deleted key), and forgets them: one C pass over the changed keys.
-        The values are the live objects: the caller copies them (the store packs them) before
-        the next record is processed."""
+    def note_changes(self, records: list, out: list | None) -> None:
+        self.dirty.update([r[0] for r in records])
+
+    def take_updates(self) -> Updates:
+        """The keyed updates since the last call, and forgets them: the batches of updates
+        logged as they were made (`pairs`), then a key column and a value column of the other
+        keys changed (TOMBSTONE for a deleted key), gathered by one C pass. The values are the
+        live objects: the caller copies them (the store packs them) before the next record is
+        processed. Every key passed `KeyByOp`'s check (`checked`)."""
         keys = list(self.dirty)
         self.dirty = set()
-        return keys, list(map(self.state.get, keys, repeat(TOMBSTONE)))
+        pairs, self.pairs = self.pairs, []
+        return Updates(keys, list(map(self.state.get, keys, repeat(TOMBSTONE))), pairs, True)
+
+    def forget_updates(self) -> None:
+        self.dirty = set()
+        self.pairs = []
 
     def state_error(self, e: Exception) -> RunFailed:
         """The error of a snapshot whose state cannot be saved (`lsm.ValueEncodingError`),
@@ -354,7 +372,25 @@ class KeyedOp(Op):
         return m
 
 
-class ReduceOp(KeyedOp):
+class _LogsOutput(KeyedOp):
+    """An operator whose output is, record by record, (key, the key's new state): its updates
+    are logged as it emits them, packed while they are at hand, so that a snapshot gathers
+    nothing. A batch whose states are not plain msgpack values (a tuple or another container
+    whose type must come back) is noted as changed keys instead."""
+
+    def note_changes(self, records: list, out: list | None) -> None:
+        if not out:
+            return
+        if set(map(type, map(_second, out))) <= _PLAIN:
+            try:
+                self.pairs.append((len(out), _PAIRS.pack(out)))
+                return
+            except (OverflowError, ValueError, TypeError):
+                _PAIRS.reset()
+        self.dirty.update(map(_first, out))
+
+
+class ReduceOp(_LogsOutput):
     def process(self, records: list, epoch: int, channel: Any) -> list:
         fn = self.node.params["fn"]
         state = self.state
@@ -370,7 +406,7 @@ class ReduceOp(KeyedOp):
         return out
 
 
-class AggregateOp(KeyedOp):
+class AggregateOp(_LogsOutput):
     def process(self, records: list, epoch: int, channel: Any) -> list:
         init = self.node.params["init"]
         add = self.node.params["add"]
@@ -682,6 +718,11 @@ class SinkOp(Op):
 
 _MISSING = object()
 MISSING_STATE = object()
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+"""Values plain msgpack gives back as they were."""
+_PAIRS = msgpack.Packer(use_bin_type=True)
+_first = itemgetter(0)
+_second = itemgetter(1)
 """What a lazy loader returns for a key without saved state."""
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 

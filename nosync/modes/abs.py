@@ -66,8 +66,9 @@ def state_path(run_dir: str, worker: int, operator: str) -> str:
     return os.path.join(run_dir, "state", f"w{worker}", operator)
 
 
-def take_keyed(op: Any) -> tuple[list, list]:
-    """The keyed updates of `op` since its last snapshot, as columns (a join's increments)."""
+def take_keyed(op: Any) -> Any:
+    """The keyed updates of `op` since its last snapshot, as `append` takes them (a join's:
+    its increments, as columns)."""
     return op.take_increments() if isinstance(op, JoinOp) else op.take_updates()
 
 
@@ -171,7 +172,7 @@ class AbsHooks(WorkerHooks):
             # every input has ended before this barrier: no record will ever read this state
             # again, so the last checkpoint of a run does not persist it
             meta["keyed_state"] = False
-            op.dirty = set()
+            op.forget_updates()
             store = None
         if store is not None:
             updates = take_keyed(op)

@@ -41,7 +41,6 @@ import os
 import time
 from typing import Any
 
-from lsm import TOMBSTONE
 from nosync import frames, statecodec
 from nosync.errors import RunFailed
 from nosync.modes import WorkerHooks, read_store
@@ -226,9 +225,10 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         keyed = {}
         for i, op in enumerate(w.ops):
             if isinstance(op, KeyedOp):
+                u = op.take_updates()
+                changed = set(u.keys) | {k for _, chunk in u.pairs for k, _ in _unpack(chunk)}
                 keyed[i] = [
-                    (k, None, True) if v is TOMBSTONE else (k, statecodec.pack(v), False)
-                    for k, v in zip(*op.take_updates(), strict=True)
+                    (k, statecodec.pack(op.state[k]), False) if k in op.state else (k, None, True) for k in changed
                 ]
         out = {
             "task": task,

@@ -13,8 +13,9 @@ the model.
   test runs.
 - `MergeMachine` is about merges: every compact() merges a state's newest runs (fanout 2 or 3)
   into multi-version runs and folds those at or below the horizon into a base, and after each
-  one, every load and get as of every seq in the retention window is checked. No background
-  merges (budget 0): a failing run replays the same merges, so it is shrunk.
+  one, every load and get as of every seq in the retention window is checked. Some of its
+  appends pass `lsm.Updates`: pairs (packed in chunks, as a writer logs them) before columns.
+  No background merges (budget 0): a failing run replays the same merges, so it is shrunk.
 
 The model is `state -> key -> [(seq, value or TOMBSTONE)]`. Expected values, orders and bounds
 come from it and from the documented contract, never from the store. A failure prints the
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, Phase, event, note, settings
 from hypothesis import strategies as st
@@ -100,12 +102,27 @@ updates_st = st.tuples(st.lists(columns_st, max_size=5), st.booleans())
 """One state's updates: columns (key, value, pass a tuple key as a list), and whether to pass
 them as a (keys, values) pair (keys may repeat) or as a mapping."""
 MERGE_KEYS: list[object] = [None, 0, "a", "a\x00", b"a", ("a", 1)]
+pair_chunks_st = st.one_of(
+    st.none(),
+    st.none(),
+    st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(MERGE_KEYS), st.one_of(st.integers(-3, 3), st.text(max_size=2)), st.booleans()),
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
+"""None (the columns passed as a pair or a mapping), or `lsm.Updates`' pairs: chunks of
+(key, plain value, pass a tuple key as a list), each packed by one msgpack call."""
 merge_batches_st = st.tuples(
     st.dictionaries(
         st.sampled_from(STATES[:3]),
         st.tuples(
             st.lists(st.tuples(st.sampled_from(MERGE_KEYS), values, st.booleans()), min_size=1, max_size=5),
             st.booleans(),
+            pair_chunks_st,
         ),
         min_size=1,
     ),
@@ -113,7 +130,8 @@ merge_batches_st = st.tuples(
 )
 """An append to the merge machine's states: a few keys, so that each has many versions and
 deletions to merge, and runs of at least one column, of about one size, which size-tiered
-merges take."""
+merges take; a third of them passed as `lsm.Updates`, with pairs before the columns."""
+PAIRS_PACKER = msgpack.Packer(use_bin_type=True)
 
 
 def typed(v: object) -> object:
@@ -327,11 +345,22 @@ class StoreChecks(RuleBasedStateMachine):
                 for key in self.model.chains.get(state, {}):
                     self.check_get(state, key, as_of)
 
-    def append_runs(self, runs: dict[object, tuple[list, bool]], step: int) -> None:
+    def append_runs(self, runs: dict[object, tuple], step: int) -> None:
+        """Appends one batch: each state's (columns, as_pair) passed as a (keys, values) pair or
+        a mapping, or (columns, checked, chunks of pairs) passed as `lsm.Updates`."""
         seq = self.model.last + step
         passed, model_runs = {}, {}
-        for state, (cols, as_pair) in runs.items():
-            if as_pair:
+        for state, (cols, as_pair, *rest) in runs.items():
+            chunks = rest[0] if rest else None
+            if chunks is not None:
+                # checked: the caller promises store keys (REQUIRES), so no key goes as a list
+                checked = as_pair
+                packed = [(len(c), PAIRS_PACKER.pack([[as_passed(k, lst), v] for k, v, lst in c])) for c in chunks]
+                keys = [k if checked else as_passed(k, lst) for k, _, lst in cols]
+                passed[state] = lsm.Updates(keys, [v for _, v, _ in cols], packed, checked)
+                model_runs[state] = [(k, v) for c in chunks for k, v, _ in c] + [(k, v) for k, v, _ in cols]
+                event("append: Updates with pairs" if any(chunks) else "append: Updates, empty chunks")
+            elif as_pair:
                 passed[state] = ([as_passed(k, lst) for k, _, lst in cols], [v for _, v, _ in cols])
                 model_runs[state] = [(k, v) for k, v, _ in cols]
             else:

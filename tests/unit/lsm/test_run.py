@@ -1,10 +1,11 @@
 """Runs (lsm/run.py): the encoding, lookups, merges, truncation, base images, damage, and the
 format version of a store directory.
 
-Expected values come from FORMAT.md and from a brute-force model: every column ever appended
-as (seq, column, key, value), the value of a key as of s being the one of the greatest
-(seq, column) at or below s. Hashes are recomputed here as FORMAT.md defines them
-(xxh3_64 of the key's msgpack bytes), with msgpack and xxhash directly, never with lsm.codec.
+Expected values come from FORMAT.md and from a brute-force model: every entry ever appended
+as (seq, column, key, value), an append's pairs before its columns, the value of a key as of s
+being the one of the greatest (seq, column) at or below s. Hashes are recomputed here as
+FORMAT.md defines them (xxh3_64 of the key's msgpack bytes), and pairs are packed, with msgpack
+and xxhash directly, never with lsm.codec.
 """
 
 from __future__ import annotations
@@ -22,15 +23,31 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lsm.run
-from lsm import TOMBSTONE, CorruptLogError, FormatVersionError, Store
+from lsm import TOMBSTONE, CorruptLogError, FormatVersionError, KeyEncodingError, Store, Updates
 from lsm.codec import pack_keys, pack_values
-from lsm.run import MISSING, PendingRun, RunView, image, merge, truncate
+from lsm.run import MISSING, PendingRun, RunView, image, join_pairs, merge, truncate
 
-HEADER = struct.Struct("<4sHHQQIIIIQQQ10I")
-"""FORMAT.md's run header: magic, version, flags, lo, hi, n, ndel, nhist, reserved, hmin,
-hmax, checksum, ten section lengths."""
-HEADER_SIZE = 104
-SECTIONS = ("hashes", "order", "keys", "values", "dels", "seqs", "h_hashes", "h_keys", "h_values", "h_seqs")
+HEADER = struct.Struct("<4sHHQQIIIIQQQ11I")
+"""FORMAT.md's run header: magic, version, flags, lo, hi, n, ndel, nhist, npairs, hmin, hmax,
+checksum, eleven section lengths."""
+HEADER_SIZE = 108
+SECTIONS = (
+    "pairs",
+    "hashes",
+    "order",
+    "keys",
+    "values",
+    "dels",
+    "seqs",
+    "h_hashes",
+    "h_keys",
+    "h_values",
+    "h_seqs",
+)
+MULTI, HASHED = 1, 2
+"""FORMAT.md's flags: bit 0, bit 1."""
+ALL_HASHES = (0, 2**64 - 1)
+"""hmin, hmax of a run that is not HASHED: every key hash may be in it."""
 WHERE = "test-store: run of state 's' at seq 7"
 
 UNIVERSE: list[object] = [None, 0, -1, 7, 2**64 - 1, "", "a", "a\x00", "b", b"a", b"a\x00", ("a",), ("a", 1), ("b", -1)]
@@ -47,6 +64,10 @@ values_st = st.one_of(
 )
 columns_st = st.lists(st.tuples(keys_st, values_st), max_size=10)
 """One append's columns: keys may repeat, the later column being the newer version."""
+plain_values_st = st.one_of(st.integers(-3, 3), st.text(max_size=3), st.none(), st.binary(max_size=2))
+"""FORMAT.md: what a pair's value may be (plain msgpack; no deletion, no container)."""
+pairs_st = st.one_of(st.just([]), st.lists(st.tuples(keys_st, plain_values_st), min_size=1, max_size=8))
+"""One append's pairs: keys may repeat (the later pair wins), and a column may set them again."""
 
 
 def spec_hash(key: object) -> int:
@@ -54,30 +75,57 @@ def spec_hash(key: object) -> int:
     return xxhash.xxh3_64_intdigest(msgpack.packb(key, use_bin_type=True))
 
 
-def pending(seq: int, columns: list[tuple[object, object]]) -> PendingRun:
-    """A run as `append` builds it: the key and value columns packed, and the columns of the
-    deletions that are their key's last column."""
+def pack_pairs(pairs: list[tuple[object, object]]) -> bytes:
+    """FORMAT.md's pairs section, by msgpack alone: an array of [key, value] arrays."""
+    return msgpack.packb([[k, v] for k, v in pairs], use_bin_type=True)
+
+
+def pending(seq: int, columns: list[tuple[object, object]], pairs: list[tuple[object, object]] = ()) -> PendingRun:
+    """A run as `append` builds it: the pairs as their writer packed them, the key and value
+    columns packed, and the columns of the deletions that are their key's last column."""
     keys = [k for k, _ in columns]
     values = [v for _, v in columns]
     last = {k: i for i, k in enumerate(keys)}
     dels = [i for i, v in enumerate(values) if v is TOMBSTONE and last[keys[i]] == i]
-    return PendingRun(seq, keys, pack_keys(keys), pack_values(values), dels)
+    if not pairs:
+        return PendingRun(seq, keys, pack_keys(keys), pack_values(values), dels)
+    return PendingRun(seq, keys, pack_keys(keys), pack_values(values), dels, pack_pairs(pairs), len(pairs))
 
 
 def view(run: PendingRun | bytes) -> RunView:
     return RunView(run.encode() if isinstance(run, PendingRun) else run, WHERE)
 
 
+def applied(
+    pairs: list[tuple[object, object]], columns: list[tuple[object, object]], keep: bool = False, onto: dict = ()
+) -> dict:
+    """The plain dict model of one append over `onto`: each pair set in order, then each column
+    (a deletion pops its key; with `keep`, it is left as TOMBSTONE)."""
+    d = dict(onto)
+    for k, v in pairs:
+        d[k] = v
+    for k, v in columns:
+        if v is TOMBSTONE and not keep:
+            d.pop(k, None)
+        else:
+            d[k] = v
+    return d
+
+
+Batch = tuple[int, list[tuple[object, object]], list[tuple[object, object]]]
+"""(seq, columns, pairs) of one append."""
+
+
 class Versions:
-    """The brute-force model: every column ever written."""
+    """The brute-force model: every entry ever written, an append's pairs before its columns."""
 
-    def __init__(self, batches: list[tuple[int, list[tuple[object, object]]]] = ()) -> None:
+    def __init__(self, batches: list[Batch] = ()) -> None:
         self.rows: list[tuple[int, int, object, object]] = []
-        for seq, columns in batches:
-            self.add(seq, columns)
+        for seq, columns, pairs in batches:
+            self.add(seq, columns, pairs)
 
-    def add(self, seq: int, columns: list[tuple[object, object]]) -> None:
-        self.rows.extend((seq, col, k, v) for col, (k, v) in enumerate(columns))
+    def add(self, seq: int, columns: list[tuple[object, object]], pairs: list[tuple[object, object]] = ()) -> None:
+        self.rows.extend((seq, col, k, v) for col, (k, v) in enumerate([*pairs, *columns]))
 
     def value(self, key: object, as_of: int) -> object:
         """The key's value as of `as_of`, MISSING when absent (never written, or deleted)."""
@@ -95,7 +143,7 @@ class Versions:
         return out
 
     def chain(self, key: object) -> list[tuple[int, object]]:
-        """The key's versions, one per seq (the last column of that seq), newest first."""
+        """The key's versions, one per seq (the last entry of that seq), newest first."""
         per_seq: dict[int, tuple[int, object]] = {}
         for s, c, k, v in self.rows:
             if k == key and (s not in per_seq or c > per_seq[s][0]):
@@ -123,7 +171,7 @@ def load(runs_oldest_first: list, as_of: int) -> dict:
 
 def fields(data: bytes) -> dict[str, Any]:
     f = HEADER.unpack_from(data, 0)
-    names = ("magic", "version", "flags", "lo", "hi", "n", "ndel", "nhist", "reserved", "hmin", "hmax", "checksum")
+    names = ("magic", "version", "flags", "lo", "hi", "n", "ndel", "nhist", "npairs", "hmin", "hmax", "checksum")
     out = dict(zip(names, f[:12], strict=True))
     out["lengths"] = dict(zip(SECTIONS, f[12:], strict=True))
     return out
@@ -139,62 +187,102 @@ def section(data: bytes, name: str) -> bytes:
     raise KeyError(name)
 
 
+def check_append_layout(data: bytes) -> None:
+    """FORMAT.md: a run written by `append` is one seq, neither MULTI nor HASHED: no hash, order,
+    seq or history section, and every key hash in its range."""
+    f = fields(data)
+    assert f["flags"] == 0 and f["lo"] == f["hi"] and f["nhist"] == 0
+    assert (f["hmin"], f["hmax"]) == ALL_HASHES
+    assert [f["lengths"][s] for s in ("hashes", "order", "seqs", "h_hashes", "h_keys", "h_values", "h_seqs")] == [0] * 7
+    assert len(data) == HEADER_SIZE + sum(f["lengths"].values())
+
+
+def check_merged_layout(data: bytes) -> None:
+    """FORMAT.md: a merged run is MULTI and HASHED, holds no pairs, and its hash column is the
+    sorted key hash of its key column (recomputed here), hmin/hmax its ends (1, 0 when empty)."""
+    f = fields(data)
+    assert f["flags"] == MULTI | HASHED
+    assert f["npairs"] == 0 and f["lengths"]["pairs"] == 0
+    keys = msgpack.unpackb(section(data, "keys"), use_list=False) if f["n"] else ()
+    hashes = np.frombuffer(section(data, "hashes"), "<u8").tolist()
+    assert hashes == sorted(spec_hash(k) for k in keys)
+    assert (f["hmin"], f["hmax"]) == ((hashes[0], hashes[-1]) if hashes else (1, 0))
+    order = np.frombuffer(section(data, "order"), "<u4").tolist()
+    assert [spec_hash(keys[c]) for c in order] == hashes
+
+
 # -- encoding ---------------------------------------------------------------------------------
 
 
 def test_header_size_matches_format_md() -> None:
-    assert HEADER.size == HEADER_SIZE
+    assert HEADER.size == HEADER_SIZE == lsm.run.HEADER.size
+    assert lsm.run.SECTIONS == SECTIONS
 
 
 def test_a_run_of_one_append_is_laid_out_as_format_md_says() -> None:
     columns = [("k", 1), ("j", TOMBSTONE), (("t", 1), "x"), ("k", 2), ("g", TOMBSTONE), ("g", 3)]
-    data = pending(7, columns).encode()
+    pairs = [("p", 1), (("t", 2), b"\x00"), ("k", None), ("p", "two")]
+    p = pending(7, columns, pairs)
+    data = p.encode()
     f = fields(data)
-    keys = [k for k, _ in columns]
-    assert f["magic"] == b"NSRN" and f["version"] == 2 and f["flags"] == 0 and f["reserved"] == 0
-    assert (f["lo"], f["hi"], f["n"], f["ndel"], f["nhist"]) == (7, 7, 6, 1, 0)
-    # the checksum covers the header's other bytes (0..56, 64..104), then the body
+    assert f["magic"] == b"NSRN" and f["version"] == 2
+    assert (f["lo"], f["hi"], f["n"], f["ndel"], f["nhist"], f["npairs"]) == (7, 7, 6, 1, 0, 4)
+    # the checksum covers the header's other 100 bytes (0..56, 64..108), then the body
     assert f["checksum"] == xxhash.xxh3_64_intdigest(data[:56] + data[64:HEADER_SIZE] + data[HEADER_SIZE:])
-    hashes = np.frombuffer(section(data, "hashes"), "<u8").tolist()
-    order = np.frombuffer(section(data, "order"), "<u4").tolist()
-    assert hashes == sorted(spec_hash(k) for k in keys)
-    assert (f["hmin"], f["hmax"]) == (hashes[0], hashes[-1])
-    assert [spec_hash(keys[c]) for c in order] == hashes
+    check_append_layout(data)
+    assert section(data, "pairs") == pack_pairs(pairs)
+    assert msgpack.unpackb(section(data, "pairs"), use_list=False) == (
+        ("p", 1),
+        (("t", 2), b"\x00"),
+        ("k", None),
+        ("p", "two"),
+    )
     assert msgpack.unpackb(section(data, "keys"), use_list=False) == ("k", "j", ("t", 1), "k", "g", "g")
     assert np.frombuffer(section(data, "dels"), "<u4").tolist() == [1]  # "g" is set again after its deletion
-    assert [f["lengths"][s] for s in SECTIONS[5:]] == [0] * 5
-    assert len(data) == HEADER_SIZE + sum(f["lengths"].values())
+    assert p.nbytes == len(data)
 
 
-def test_an_empty_run_holds_no_hash_range() -> None:
+def test_a_run_of_one_append_without_pairs_has_an_empty_pairs_section() -> None:
+    data = pending(3, [("a", 1)]).encode()
+    f = fields(data)
+    assert (f["npairs"], f["lengths"]["pairs"]) == (0, 0)
+    check_append_layout(data)
+    assert view(data).pairs() == ()
+
+
+def test_an_empty_run_holds_nothing_and_an_empty_merged_run_no_hash_range() -> None:
+    """FORMAT.md: an append's run is not HASHED (every hash in its range, even with no key);
+    a merged run of no key holds the empty range hmin 1, hmax 0."""
     r = view(pending(3, []))
-    assert (r.n, r.hmin, r.hmax) == (0, 1, 0)
-    for key in UNIVERSE:
-        assert r.lookup(key, spec_hash(key), 3) is MISSING
-    d = {"x": 1}
-    r.apply(d)
-    assert d == {"x": 1}
+    assert (r.flags, r.n, r.npairs, r.hmin, r.hmax) == (0, 0, 0, *ALL_HASHES)
+    m = view(merge([r], -1, base=True))
+    check_merged_layout(m.data)
+    assert (m.n, m.nhist, m.hmin, m.hmax) == (0, 0, 1, 0)
+    for run in (r, m):
+        for key in UNIVERSE:
+            assert run.lookup(key, spec_hash(key), 3) is MISSING
+        d = {"x": 1}
+        run.apply(d)
+        assert d == {"x": 1}
 
 
 @settings(max_examples=200)
-@given(columns_st, st.integers(0, 2**40))
-def test_encode_then_read_round_trip(columns: list[tuple[object, object]], seq: int) -> None:
-    """The hash column is sorted and holds each key's FORMAT.md hash; `order` maps it to the
-    columns, stably; reads of the encoded run and of the pending one equal the model."""
-    p = pending(seq, columns)
-    r = view(p)
+@given(columns_st, pairs_st, st.integers(0, 2**40))
+def test_encode_then_read_round_trip(
+    columns: list[tuple[object, object]], pairs: list[tuple[object, object]], seq: int
+) -> None:
+    """The run holds its pairs and columns as given, unhashed; reads of the encoded run and of
+    the pending one equal the model."""
+    p = pending(seq, columns, pairs)
+    data = p.encode()
+    check_append_layout(data)
+    r = view(data)
     keys = [k for k, _ in columns]
-    assert r.lo == r.hi == seq and r.n == len(columns)
+    assert r.lo == r.hi == seq and r.n == len(columns) and r.npairs == len(pairs)
     assert list(r.keys) == keys and r.values == [v for _, v in columns]
-    hashes = r.hashes.tolist()
-    assert hashes == sorted(spec_hash(k) for k in keys)
-    order = r.order.tolist()
-    assert sorted(order) == list(range(len(keys)))
-    assert [spec_hash(keys[c]) for c in order] == hashes
-    for a, b in zip(order, order[1:], strict=False):
-        if spec_hash(keys[a]) == spec_hash(keys[b]):
-            assert a < b, "equal hashes out of column order"
-    model = Versions([(seq, columns)])
+    assert list(r.pairs()) == [tuple(kv) for kv in pairs]
+    assert p.nbytes == len(data)
+    model = Versions([(seq, columns, pairs)])
     for run in (p, r):
         assert load([run], seq) == model.state(seq)
         for key in UNIVERSE:
@@ -227,17 +315,302 @@ def test_a_deletion_hides_older_runs_and_a_missing_key_does_not() -> None:
     assert load([older, newer], 1) == {"a": 1, "b": 1, "c": 1}
 
 
+# -- pairs ------------------------------------------------------------------------------------
+
+
+def pair_at(i: int) -> list:
+    """The i-th of many distinct pairs, of every key type and several value types."""
+    key = (i, f"k{i}", (i % 7, "t"), i.to_bytes(3, "big"))[i % 4]
+    value = (i, f"v{i}", None, b"\xff" * (i % 3))[i // 4 % 4]
+    return [key, value]
+
+
+def msgpack_array_head(n: int) -> bytes:
+    """The msgpack spec's array header, written by hand: fixarray, array 16, array 32."""
+    if n <= 15:
+        return bytes([0x90 | n])
+    if n <= 0xFFFF:
+        return b"\xdc" + struct.pack(">H", n)
+    return b"\xdd" + struct.pack(">I", n)
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [],
+        [0],
+        [1],
+        [15],
+        [16],
+        [65535],
+        [65536],
+        [0, 0],
+        [14, 1],
+        [15, 1],
+        [15, 0, 1],
+        [65534, 1],
+        [65535, 1],
+        [0, 1, 15, 16, 65535, 65536],
+    ],
+)
+def test_join_pairs_is_one_msgpack_array_of_every_chunk_s_pairs_in_order(sizes: list[int]) -> None:
+    """Chunks of 0, 1, 15, 16, 65535 and 65536 pairs cross every array header size (1, 3, 5
+    bytes), in the chunks and in the joined array."""
+    packer = msgpack.Packer(use_bin_type=True)
+    chunks, everything = [], []
+    for n in sizes:
+        batch = [pair_at(len(everything) + i) for i in range(n)]
+        everything += batch
+        chunks.append((n, packer.pack(batch)))
+    assert all(b[: len(msgpack_array_head(n))] == msgpack_array_head(n) for n, b in chunks)
+    total, joined = join_pairs(chunks)
+    assert total == len(everything) == sum(sizes)
+    by_hand = msgpack_array_head(total) + b"".join(msgpack.packb(p, use_bin_type=True) for p in everything)
+    assert joined == by_hand
+    assert joined == msgpack.packb(everything, use_bin_type=True)
+    assert msgpack.unpackb(joined, use_list=False, raw=False) == tuple((k, v) for k, v in everything)
+
+
+def test_a_run_of_one_append_applies_its_pairs_then_its_columns() -> None:
+    """A key in the pairs and the columns: the column wins; a key twice in the pairs: the later;
+    a column deletion of a key the pairs set: deleted."""
+    pairs = [("both", "pair"), ("twice", 1), ("gone", "pair"), ("twice", 2), ("only", 3), (("t", 1), "t")]
+    columns = [("both", "column"), ("gone", TOMBSTONE), ("col", [1]), ("never", TOMBSTONE)]
+    want = {"both": "column", "twice": 2, "only": 3, ("t", 1): "t", "col": [1]}
+    assert applied(pairs, columns) == want
+    p = pending(4, columns, pairs)
+    for run in (p, view(p)):
+        d = {"gone": "older", "never": "older", "kept": "older"}
+        run.apply(d)
+        assert d == {**want, "kept": "older"}
+        for key, v in want.items():
+            assert run.lookup(key, spec_hash(key), 4) == v
+            assert run.lookup(key, spec_hash(key), 3) is MISSING
+        assert run.lookup("gone", spec_hash("gone"), 4) is TOMBSTONE
+        assert run.lookup("never", spec_hash("never"), 4) is TOMBSTONE
+        assert run.lookup("kept", spec_hash("kept"), 4) is MISSING
+
+
+@settings(max_examples=300)
+@given(pairs_st, columns_st, st.integers(0, 2**40))
+def test_apply_and_lookup_of_pairs_and_columns_equal_a_dict_model(
+    pairs: list[tuple[object, object]], columns: list[tuple[object, object]], seq: int
+) -> None:
+    want, with_deletions = applied(pairs, columns), applied(pairs, columns, keep=True)
+    p = pending(seq, columns, pairs)
+    r = view(p)
+    for run in (p, r):
+        older = {key: ("older", key) for key in UNIVERSE}
+        d = dict(older)
+        run.apply(d)
+        assert d == applied(pairs, columns, onto=older)
+        fresh: dict = {}
+        run.apply(fresh)
+        assert fresh == want
+        kept: dict = {}
+        run.apply(kept, keep_deletions=True)
+        assert kept == with_deletions
+        for key in UNIVERSE:
+            assert run.lookup(key, spec_hash(key), seq) == with_deletions.get(key, MISSING)
+            assert run.lookup(key, spec_hash(key), seq + 1) == with_deletions.get(key, MISSING)
+            assert run.lookup(key, spec_hash(key), seq - 1) is MISSING
+        keys, values, seqs, hashes = run.entries()
+        assert list(zip(keys, values, strict=True)) == [*map(tuple, pairs), *columns]
+        assert seqs.tolist() == [seq] * len(keys)
+        assert hashes.tolist() == [spec_hash(k) for k in keys]
+    assert r.as_of(seq) == with_deletions and r.as_of(seq - 1) == {}
+
+
+def updates(chunks: list[list[tuple[object, object]]], columns: list[tuple[object, object]]) -> Updates:
+    """`Updates` as a writer hands them over: each chunk of pairs packed by one msgpack call."""
+    packer = msgpack.Packer(use_bin_type=True)
+    packed = [(len(c), packer.pack([[k, v] for k, v in c])) for c in chunks]
+    return Updates([k for k, _ in columns], [v for _, v in columns], packed, checked=False)
+
+
+StoreBatch = tuple[int, dict[str, tuple[list, list]]]
+"""(seq, state -> (chunks of pairs, columns)) of one append to a store."""
+
+STORE_HISTORY: list[StoreBatch] = [
+    (1, {"s": ([[("a", 1), ("b", 1), ("c", 1)], [("a", 2)]], [("b", 10), ("d", TOMBSTONE)])}),
+    (2, {"s": ([[("c", 2), ("e", "x")]], [("c", TOMBSTONE)]), "o": ([[(("t", 1), "o1")]], [])}),
+    (4, {"s": ([], [("a", (1, "tuple")), ("f", [1, 2])]), "o": ([], [("z", 1)])}),
+    (5, {"s": ([[("a", 5), ("c", 5)], [], [("a", 6)]], [("f", TOMBSTONE), ("f", 7)])}),
+    (7, {"s": ([[("b", None), (7, b"\x00"), (["t", 2], "list key")]], [("b", TOMBSTONE), ("e", TOMBSTONE)])}),
+    (8, {"s": ([[(i, i) for i in range(20)]], [(3, TOMBSTONE), ("a", 8)]), "o": ([[("z", 2)]], [("z", 3)])}),
+]
+"""Pairs and columns of every kind: a key in both, twice in the pairs, deleted by a column
+after the pairs set it, a list key in the pairs, an empty chunk, a chunk of 20 (array 16)."""
+STORE_LAST = STORE_HISTORY[-1][0]
+STORE_STATES = ("s", "o")
+
+
+def canonical(key: object) -> object:
+    return tuple(key) if type(key) is list else key
+
+
+def store_model(as_of: int) -> dict[str, dict]:
+    """Each state as of `as_of`: the plain dict model of every append up to it, in order."""
+    out: dict[str, dict] = {state: {} for state in STORE_STATES}
+    for seq, runs in STORE_HISTORY:
+        if seq <= as_of:
+            for state, (chunks, columns) in runs.items():
+                pairs = [(canonical(k), v) for c in chunks for k, v in c]
+                out[state] = applied(pairs, columns, onto=out[state])
+    return out
+
+
+def entries(updates: tuple[list, list]) -> int:
+    """What `Store.runs` counts of a run of one append: its pairs and its columns."""
+    chunks, columns = updates
+    return sum(map(len, chunks)) + len(columns)
+
+
+def store_keys() -> set:
+    return {canonical(k) for _, runs in STORE_HISTORY for c, cols in runs.values() for k, _ in [*sum(c, []), *cols]}
+
+
+def check_store(s: Store, as_ofs: list, where: str) -> None:
+    """load and get of every state and key ever written (and one never written) equal the model,
+    as of each seq (None: now)."""
+    for as_of in as_ofs:
+        want = store_model(STORE_LAST if as_of is None else as_of)
+        for state in STORE_STATES:
+            assert s.load(state, as_of=as_of) == want[state], f"{where}: load({state!r}, as_of={as_of})"
+            for key in [*store_keys(), "never"]:
+                got = s.get(state, key, as_of=as_of, default=MISSING)
+                assert got == want[state].get(key, MISSING), f"{where}: get({state!r}, {key!r}, as_of={as_of})"
+
+
+EVERY_SEQ = [None, *range(-1, STORE_LAST + 2)]
+
+
+def append_history(s: Store) -> None:
+    for seq, runs in STORE_HISTORY:
+        s.append(seq, {state: updates(chunks, columns) for state, (chunks, columns) in runs.items()})
+
+
+def index_all(s: Store) -> None:
+    s.flush(timeout=5.0)
+    s._persister.drain_index()
+    assert s.indexed == s.last_seq
+
+
+def disk_runs(path: str, state: str) -> dict[int, bytes]:
+    """hi -> the bytes of each run of `state` in the disk tier (FORMAT.md's `01` entries), and
+    their `02` catalog entries checked: the 108-byte header, then the run's length u64 BE."""
+    prefix = b"\x07" + state.encode() + b"\x00\x01"
+    db = plyvel.DB(os.path.join(path, "disk"))
+    try:
+        runs = {struct.unpack(">Q", k[-8:])[0]: v for k, v in db.iterator(prefix=b"\x01" + prefix)}
+        catalog = {struct.unpack(">Q", k[-8:])[0]: v for k, v in db.iterator(prefix=b"\x02" + prefix)}
+    finally:
+        db.close()
+    assert catalog.keys() == runs.keys()
+    for hi, data in runs.items():
+        assert catalog[hi] == data[:HEADER_SIZE] + struct.pack(">Q", len(data)), hi
+    return runs
+
+
+def test_pairs_and_columns_read_as_the_model_through_a_store(tmp_path) -> None:  # noqa: ANN001
+    """load and get as of every seq equal the model: as appended, indexed, reopened, merged
+    directly (`merge`), merged by compact() with a large retention, then folded by compact()
+    with retention 0."""
+    path = str(tmp_path / "store")
+    options = dict(retention=1000, merge_fanout=2, budget=0)
+    s = Store(path, **options)
+    append_history(s)
+    check_store(s, EVERY_SEQ, "as appended")
+    assert s.runs("s")[0] == (1, 1, entries(STORE_HISTORY[0][1]["s"])) == (1, 1, 2 + 4)
+    index_all(s)
+    check_store(s, EVERY_SEQ, "indexed")
+    s.close()
+
+    runs = {hi: RunView(data, WHERE) for hi, data in disk_runs(path, "s").items()}
+    assert sorted(runs) == [seq for seq, batch in STORE_HISTORY if "s" in batch]
+    for hi, r in runs.items():
+        check_append_layout(r.data)
+        ((chunks, _),) = [batch["s"] for seq, batch in STORE_HISTORY if seq == hi]
+        assert r.npairs == sum(map(len, chunks)), hi
+    oldest_first = [runs[hi] for hi in sorted(runs)]
+    want = {as_of: store_model(as_of)["s"] for as_of in range(-1, STORE_LAST + 2)}
+    for horizon in (-1, 1, 4, STORE_LAST):
+        merged = view(merge(oldest_first, horizon, base=True))
+        check_merged_layout(merged.data)
+        for as_of in range(max(horizon, 1), STORE_LAST + 2):
+            assert load([merged], as_of) == want[as_of], (horizon, as_of)
+            for key in [*store_keys(), "never"]:
+                assert read([merged], key, as_of) == want[as_of].get(key, MISSING), (horizon, key, as_of)
+
+    s = Store(path, **options)
+    check_store(s, EVERY_SEQ, "reopened")
+    assert s.runs("s") == [(seq, seq, entries(batch["s"])) for seq, batch in STORE_HISTORY if "s" in batch]
+    merges = 0
+    while s.compact()["merges"]:
+        merges += 1
+        check_store(s, EVERY_SEQ, f"after {merges} merges")
+    assert merges and any(lo < hi for lo, hi, _ in s.runs("s")), s.runs("s")
+    s.close()
+
+    s = Store(path, **{**options, "retention": 0})
+    s.compact()
+    assert s.horizon == STORE_LAST and [(lo, hi) for lo, hi, _ in s.runs("s")] == [(1, STORE_LAST)]
+    check_store(s, [STORE_LAST, STORE_LAST + 1, None], "folded")
+    s.close()
+    for data in disk_runs(path, "s").values():
+        check_merged_layout(data)
+
+
+def test_a_merge_counts_the_pairs_among_the_versions_it_drops(tmp_path) -> None:  # noqa: ANN001
+    with Store(str(tmp_path / "store"), retention=0, merge_fanout=2, budget=0) as s:
+        append_history(s)
+        index_all(s)
+        before = {state: sum(e for _, _, e in s.runs(state)) for state in STORE_STATES}
+        assert before == {
+            state: sum(entries(batch[state]) for _, batch in STORE_HISTORY if state in batch) for state in STORE_STATES
+        }
+        s.compact()
+        after = {state: sum(e for _, _, e in s.runs(state)) for state in STORE_STATES}
+        assert after == {state: len(store_model(STORE_LAST)[state]) for state in STORE_STATES}
+        assert s.stats.versions_dropped == sum(before.values()) - sum(after.values())
+
+
+def test_a_run_logged_with_pairs_is_replayed(tmp_path) -> None:  # noqa: ANN001
+    """A log written by hand from FORMAT.md, its run holding pairs: an open replays it."""
+    run = pending(1, [("b", 2), ("c", TOMBSTONE)], [("a", 1), ("b", 1), ("c", 1)]).encode()
+    path = store_with_log(tmp_path, log_segment((1, {b"\x07s\x00\x01": run})))
+    with Store(path) as s:
+        assert s.last_seq == 1 and s.load("s") == {"a": 1, "b": 2}
+        assert s.get("s", "b") == 2 and s.get("s", "c", default=MISSING) is MISSING
+
+
+def test_updates_checked_skips_the_key_check_and_unchecked_refuses_a_bad_key(tmp_path) -> None:  # noqa: ANN001
+    """`checked=False`: a float key is refused with KeyEncodingError and nothing of the batch
+    is added; `checked=True` is the caller's promise (REQUIRES) and is not checked again."""
+    with Store(str(tmp_path / "store")) as s:
+        s.append(1, {"s": {"a": 1}})
+        with pytest.raises(KeyEncodingError) as ei:
+            s.append(2, {"ok": Updates(["x"], [2]), "s": Updates(["b", 1.5], [2, 2], updates([[("p", 1)]], []).pairs)})
+        assert "'s'" in str(ei.value)
+        assert s.last_seq == 1 and s.states() == ["s"]
+        assert s.load("s") == {"a": 1} and s.load("ok") == {}
+        s.append(2, {"s": Updates([["t", 1]], ["list key"])})
+        assert s.get("s", ("t", 1)) == "list key", "unchecked keys are made store keys (a list is the tuple)"
+        s.append(3, {"s": Updates([1.5], [3], checked=True)})
+        assert s.last_seq == 3
+
+
 # -- merges -----------------------------------------------------------------------------------
 
 
 @st.composite
-def histories(draw: st.DrawFn, min_batches: int = 1) -> list[tuple[int, list[tuple[object, object]]]]:
+def histories(draw: st.DrawFn, min_batches: int = 1) -> list[Batch]:
     """Appends at strictly increasing seqs from 1 (seq 0 is left for an older run)."""
     steps = draw(st.lists(st.integers(1, 3), min_size=min_batches, max_size=8))
     seq, out = 0, []
     for step in steps:
         seq += step
-        out.append((seq, draw(columns_st)))
+        out.append((seq, draw(columns_st), draw(pairs_st)))
     return out
 
 
@@ -267,7 +640,7 @@ def check_reads(merged: RunView, history: list, horizon: int, base: bool, hash_o
     runs = [merged]
     if not base:
         runs.append(view(pending(0, OLDER)))
-        history = [(0, OLDER), *history]
+        history = [(0, OLDER, []), *history]
     model = Versions(history)
     for as_of in range(max(horizon, 0), merged.hi + 2):
         for key in UNIVERSE:
@@ -285,8 +658,10 @@ def kept(run: RunView) -> dict[object, list[tuple[int, object]]]:
 
 
 def check_block_order(run: RunView) -> None:
-    """FORMAT.md: the latest block's hashes sorted with `order` pointing at their keys; the
-    history block sorted by hash, then newest first within a key."""
+    """FORMAT.md: a merged run is MULTI and HASHED, its latest block's hashes sorted with
+    `order` pointing at their keys; the history block sorted by hash, then newest first within
+    a key."""
+    check_merged_layout(run.data)
     keys = run.keys
     assert run.hashes.tolist() == sorted(spec_hash(k) for k in keys)
     assert [spec_hash(keys[c]) for c in run.order.tolist()] == run.hashes.tolist()
@@ -306,9 +681,9 @@ def test_merge_keeps_exactly_the_versions_a_read_at_or_after_the_horizon_can_see
 ) -> None:
     hi = history[-1][0]
     horizon = data.draw(st.integers(-1, hi + 1), label="horizon")
-    merged = view(merge([view(pending(seq, cols)) for seq, cols in history], horizon, base))
+    merged = view(merge([view(pending(*batch)) for batch in history], horizon, base))
     model = Versions(history)
-    assert merged.flags & 1, "a merged run is MULTI"
+    assert merged.flags == MULTI | HASHED, "a merged run is MULTI and HASHED"
     assert (merged.lo, merged.hi) == (history[0][0], hi)
     versions = kept(merged)
     assert {(k, s) for k, vs in versions.items() for s, _ in vs} == expected_entries(model, horizon, base)
@@ -330,7 +705,7 @@ def merged_groups(draw: st.DrawFn, history: list, horizon: int, base: bool) -> l
     earlier = draw(st.integers(-1, horizon), label="earlier horizon")
     runs = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        group = [view(pending(seq, cols)) for seq, cols in history[a:b]]
+        group = [view(pending(*batch)) for batch in history[a:b]]
         if len(group) > 1 or draw(st.booleans()):
             runs.append(view(merge(group, earlier, base and i == 0)))
         else:
@@ -364,21 +739,24 @@ def test_truncate_keeps_every_version_up_to_its_seq_and_none_above(
 ) -> None:
     lo, hi = history[0][0], history[-1][0]
     horizon = data.draw(st.integers(-1, hi), label="horizon")
-    merged = view(merge([view(pending(seq, cols)) for seq, cols in history], horizon, base))
+    merged = view(merge([view(pending(*batch)) for batch in history], horizon, base))
     to_seq = data.draw(st.integers(max(lo, horizon), hi), label="to_seq")
     t = view(truncate(merged, to_seq, horizon, base))
     assert (t.lo, t.hi) == (lo, to_seq)
     assert all(s <= to_seq for s in t.entries()[2].tolist())
     check_block_order(t)
-    check_reads(t, [(s, c) for s, c in history if s <= to_seq], horizon, base)
+    check_reads(t, [batch for batch in history if batch[0] <= to_seq], horizon, base)
 
 
 def test_truncate_of_a_run_of_one_append_at_its_seq_keeps_it() -> None:
-    cols = [("a", 1), ("a", TOMBSTONE), ("b", 2)]
-    t = view(truncate(view(pending(4, cols)), 4, -1, base=False))
+    cols = [("a", 1), ("a", TOMBSTONE), ("b", 2), ("c", TOMBSTONE)]
+    pairs = [("c", 3), ("d", 4), ("b", 1)]
+    t = view(truncate(view(pending(4, cols, pairs)), 4, -1, base=False))
     assert (t.lo, t.hi) == (4, 4)
+    check_block_order(t)
     assert read([t], "a", 4) is MISSING and t.lookup("a", spec_hash("a"), 4) is TOMBSTONE
-    assert read([t], "b", 4) == 2
+    assert read([t], "c", 4) is MISSING and t.lookup("c", spec_hash("c"), 4) is TOMBSTONE
+    assert read([t], "b", 4) == 2 and read([t], "d", 4) == 4
 
 
 @settings(max_examples=200, deadline=None)
@@ -387,8 +765,8 @@ def test_image_holds_every_live_key_as_of_its_seq_and_nothing_else(history: list
     lo, hi = history[0][0], history[-1][0]
     seq = data.draw(st.integers(lo, hi), label="seq")
     model = Versions(history)
-    whole = view(merge([view(pending(s, c)) for s, c in history], -1, True))
-    singles = [view(pending(s, c)) for s, c in history if s <= seq]
+    whole = view(merge([view(pending(*batch)) for batch in history], -1, True))
+    singles = [view(pending(*batch)) for batch in history if batch[0] <= seq]
     for runs in ([whole], singles):
         img = view(image(runs, seq))
         assert (img.lo, img.hi, img.ndel, img.nhist) == (lo, seq, 0, 0)
@@ -402,6 +780,7 @@ def test_image_holds_every_live_key_as_of_its_seq_and_nothing_else(history: list
 def test_an_image_of_no_run_is_empty() -> None:
     img = view(image([], 9))
     assert (img.lo, img.hi, img.n, img.nhist) == (9, 9, 0, 0)
+    check_merged_layout(img.data)
 
 
 def weak_hash(key: object) -> int:
@@ -419,11 +798,11 @@ def test_keys_sharing_a_hash_stay_apart(history: list, data: st.DataObject, base
         )
         hi = history[-1][0]
         horizon = data.draw(st.integers(-1, hi + 1), label="horizon")
-        singles = [view(pending(seq, cols)) for seq, cols in history]
+        singles = [view(pending(*batch)) for batch in history]
         model = Versions(history)
-        for r, (seq, _) in zip(singles, history, strict=True):
+        for r, batch in zip(singles, history, strict=True):
             for key in UNIVERSE:
-                assert read([r], key, seq, weak_hash) == Versions([h for h in history if h[0] == seq]).value(key, seq)
+                assert read([r], key, batch[0], weak_hash) == Versions([batch]).value(key, batch[0])
         merged = view(merge(singles, horizon, base))
         assert {(k, s) for k, vs in kept(merged).items() for s, _ in vs} == expected_entries(model, horizon, base)
         check_reads(merged, history, horizon, base, weak_hash)
@@ -434,19 +813,34 @@ def test_keys_sharing_a_hash_stay_apart(history: list, data: st.DataObject, base
 # -- damage -----------------------------------------------------------------------------------
 
 
-def sample_run() -> bytes:
-    """A merged run with every section non-empty: deletions in its latest block, history."""
+def merged_sample() -> bytes:
+    """A merged run with every section but the pairs non-empty: deletions in its latest block,
+    history."""
     r1 = view(pending(1, [("a", 1), ("b", 1), ("c", 1)]))
     r2 = view(pending(2, [("a", 2), ("b", TOMBSTONE)]))
-    data = merge([r1, r2], -1, base=False)
-    assert all(fields(data)["lengths"].values()), fields(data)
-    return data
+    return merge([r1, r2], -1, base=False)
 
 
-def test_every_byte_of_a_run_is_checked() -> None:
-    """The header's fields (seqs, counts, the key-hash range) as well as the body: a flipped bit
-    anywhere is an error, never a run read wrong (the version field is FormatVersionError)."""
-    data = sample_run()
+def append_sample() -> bytes:
+    """A run of one append with pairs, columns and a deletion."""
+    return pending(7, [("a", 2), ("b", TOMBSTONE)], [("a", 1), ("c", "x")]).encode()
+
+
+SAMPLES = {"merged": merged_sample, "appended": append_sample}
+
+
+def test_the_samples_have_every_section_non_empty_between_them() -> None:
+    merged, appended = fields(merged_sample())["lengths"], fields(append_sample())["lengths"]
+    assert all(merged[s] for s in SECTIONS if s != "pairs"), merged
+    assert all(appended[s] for s in ("pairs", "keys", "values", "dels")), appended
+
+
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_every_byte_of_a_run_is_checked(sample: str) -> None:
+    """The header's fields (seqs, counts, npairs, the key-hash range) as well as the body: a
+    flipped bit anywhere is an error, never a run read wrong (the version field is
+    FormatVersionError)."""
+    data = SAMPLES[sample]()
     for pos in range(0, len(data)):
         if pos in (4, 5):
             continue  # the version: FormatVersionError, tested apart
@@ -457,32 +851,38 @@ def test_every_byte_of_a_run_is_checked() -> None:
         assert ei.value.path == WHERE and WHERE in str(ei.value), (pos, ei.value)
 
 
+@pytest.mark.parametrize("sample", SAMPLES)
 @pytest.mark.parametrize("cut", [0, 3, 50, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 5, -1])
-def test_a_run_cut_short_is_corrupt(cut: int) -> None:
-    data = sample_run()
+def test_a_run_cut_short_is_corrupt(sample: str, cut: int) -> None:
+    data = SAMPLES[sample]()
     with pytest.raises(CorruptLogError) as ei:
         RunView(data[:cut], WHERE)
     assert WHERE in str(ei.value)
 
 
-def test_a_section_length_that_does_not_add_up_is_corrupt() -> None:
-    data = bytearray(sample_run())
-    struct.pack_into("<I", data, 64, fields(bytes(data))["lengths"]["hashes"] + 8)
+@pytest.mark.parametrize("sample", SAMPLES)
+@pytest.mark.parametrize("name", SECTIONS)
+def test_a_section_length_that_does_not_add_up_is_corrupt(sample: str, name: str) -> None:
+    data = bytearray(SAMPLES[sample]())
+    at = 64 + 4 * SECTIONS.index(name)
+    struct.pack_into("<I", data, at, fields(bytes(data))["lengths"][name] + 8)
     with pytest.raises(CorruptLogError) as ei:
         RunView(bytes(data), WHERE)
     assert WHERE in str(ei.value)
 
 
-def test_a_run_with_another_magic_is_corrupt() -> None:
-    data = b"NSRX" + sample_run()[4:]
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_a_run_with_another_magic_is_corrupt(sample: str) -> None:
+    data = b"NSRX" + SAMPLES[sample]()[4:]
     with pytest.raises(CorruptLogError) as ei:
         RunView(data, WHERE)
     assert ei.value.offset == 0 and WHERE in str(ei.value)
 
 
+@pytest.mark.parametrize("sample", SAMPLES)
 @pytest.mark.parametrize("version", [0, 1, 3, 0xFFFF])
-def test_a_run_of_another_format_version_is_refused_naming_it(version: int) -> None:
-    data = bytearray(sample_run())
+def test_a_run_of_another_format_version_is_refused_naming_it(sample: str, version: int) -> None:
+    data = bytearray(SAMPLES[sample]())
     struct.pack_into("<H", data, 4, version)
     with pytest.raises(FormatVersionError) as ei:
         RunView(bytes(data), WHERE)

@@ -126,10 +126,10 @@ def test_a_snapshot_durable_but_not_indexed_is_no_longer_under_way(tmp_path):
 
 
 def test_bytes_appended_and_not_durable_count_against_the_bound(tmp_path):
-    hooks, worker = hooks_on(tmp_path, ops=[counts(80_000)], max_unpersisted_mb=1)
+    hooks, worker = hooks_on(tmp_path, ops=[counts(150_000)], max_unpersisted_mb=1)
     try:
         with hooks.store._tier_lock:
-            step_and_poll(hooks, worker)  # a snapshot of 80,000 keys, held back
+            step_and_poll(hooks, worker)  # a snapshot of 150,000 keys, held back
             assert hooks.snapshots == 1 and hooks.unpersisted > 1 << 20
             assert not hooks.may_read(worker), "sources read on past the bound on bytes not durable"
         settle(hooks, worker)
