@@ -4,7 +4,8 @@ Each `append` gives a state one small run (level 0). A load applies every run of
 runs are merged, in the background and as resources permit, into fewer, bigger ones:
 
 - size-tiered: a state's newest runs, while each is at most `merge_fanout` times the smallest
-  of them, are merged into one once there are `merge_fanout` of them; the merged run keeps every
+  of them, are merged into one once there are `merge_fanout` of them (and they hold
+  `merge_min_bytes`, or are MANY_RUNS); the merged run keeps every
   version a read at or after the retention horizon can see (its history block), and its
   latest block is what a load applies;
 - retention: the runs entirely at or below the horizon h = min(last seq - retention, pinned
@@ -34,6 +35,12 @@ if TYPE_CHECKING:
     from lsm.store import Store
 
 
+MANY_RUNS = 64
+"""Runs smaller together than `merge_min_bytes` (a worker's metadata, its lineage points) merge
+in the background only once they are this many: a merge costs a few milliseconds whatever it
+merges, and their reads are rare."""
+
+
 class Compactor:
     def __init__(self, store: Store) -> None:
         self.s = store
@@ -46,10 +53,12 @@ class Compactor:
 
     # -- when -------------------------------------------------------------------
 
-    def _plans(self, horizon: int) -> list[tuple[bytes, list, bool, bool]]:
-        """The merges the catalog calls for: (state, runs, base, fold) each."""
+    def _plans(self, horizon: int, full: bool = False) -> list[tuple[bytes, list, bool, bool]]:
+        """The merges the catalog calls for (`full`: whatever their size): (state, runs, base,
+        fold) each."""
         s = self.s
         fanout = max(2, s.options.merge_fanout)
+        least = 0 if full else s.options.merge_min_bytes
         out = []
         for sb, refs in s._catalog.items():
             old = [r for r in refs if r.hi <= horizon]
@@ -65,7 +74,7 @@ class Compactor:
                     break
                 group.append(r)
                 smallest = size if smallest is None else min(smallest, size)
-            if len(group) >= fanout:
+            if len(group) >= fanout and (sum(r.nbytes for r in group) >= least or len(group) >= MANY_RUNS):
                 group.reverse()
                 out.append((sb, group, group[0] is refs[0], False))
         return out
@@ -124,7 +133,7 @@ class Compactor:
             if h > s._disk.horizon:
                 s._disk.set_horizon(h)
             with s._cond:
-                plans = self._plans(h)
+                plans = self._plans(h, full)
             for sb, refs, base, fold in plans:
                 if self._stopping:
                     break

@@ -185,11 +185,12 @@ class PendingRun:
                 pop(keys[i], None)
 
     def entries(self) -> tuple[list, list, np.ndarray, np.ndarray]:
-        """keys, values, seqs and hashes of every entry, pairs first (for a merge)."""
-        pairs = self.pairs()
-        keys = [k for k, _ in pairs] + list(self.keys)
-        values = [v for _, v in pairs] + self.values
-        return keys, values, np.full(len(keys), self.seq, _U64), key_hashes(keys)
+        """keys, values, seqs and hashes of each key's version in the run (its last entry;
+        a deletion as TOMBSTONE), for a merge: the run's duplicates collapse here, at C speed."""
+        latest: dict = {}
+        self.apply(latest, keep_deletions=True)
+        keys = list(latest)
+        return keys, list(latest.values()), np.full(len(keys), self.seq, _U64), key_hashes(keys)
 
     def encode(self) -> bytes:
         """The run's bytes: the sections laid end to end, nothing decoded or hashed."""
@@ -412,20 +413,28 @@ class RunView:
         return out
 
     def entries(self) -> tuple[list, list, np.ndarray, np.ndarray]:
-        """keys, values, seqs and hashes of every entry (pairs, latest, then history), for a
-        merge; an append's run is hashed here."""
-        pairs = self.pairs()
+        """keys, values, seqs and hashes of every version in the run (latest, then history),
+        for a merge; an append's run gives each key's last entry (its duplicates collapse at C
+        speed) and is hashed here."""
+        if not self.flags & MULTI:
+            latest: dict = {}
+            self.apply(latest, keep_deletions=True)
+            keys = list(latest)
+            values = list(latest.values())
+            if self.flags & HASHED and not self.npairs and len(keys) == self.n:
+                col_h = np.empty(self.n, _U64)
+                col_h[self.order] = self.hashes
+                by_key = dict(zip(self.keys, col_h.tolist(), strict=True))
+                hashes = np.fromiter(map(by_key.__getitem__, keys), _U64, len(keys))
+            else:
+                hashes = key_hashes(keys)
+            return keys, values, np.full(len(keys), self.hi, _U64), hashes
         hkeys, hvalues, hseqs, hhashes = self.history
-        keys = [k for k, _ in pairs] + list(self.keys) + list(hkeys)
-        values = [v for _, v in pairs] + list(self.values) + list(hvalues)
-        if self.flags & HASHED:
-            col_h = np.empty(self.n, _U64)
-            col_h[self.order] = self.hashes
-            hashes = np.concatenate([key_hashes(keys[: self.npairs]), col_h, hhashes])
-        else:
-            hashes = key_hashes(keys)
-        seqs = np.concatenate([np.full(self.npairs, self.hi, _U64), self.seqs, hseqs])
-        return keys, values, seqs, hashes
+        col_h = np.empty(self.n, _U64)
+        col_h[self.order] = self.hashes
+        keys = list(self.keys) + list(hkeys)
+        values = list(self.values) + list(hvalues)
+        return keys, values, np.concatenate([self.seqs, hseqs]), np.concatenate([col_h, hhashes])
 
 
 def merge(runs: list, horizon: int, base: bool) -> bytes:

@@ -73,6 +73,9 @@ class StoreOptions:
     merge_fanout: int = 4
     """A state's newest runs are merged into one once this many of them together are no
     bigger than the run below them (size-tiered levels)."""
+    merge_min_bytes: int = 4 << 20
+    """Runs that hold less together merge in the background only once they are many (a merge
+    has a cost of its own, whatever it merges); `compact` merges them whatever their size."""
     budget: float = 1.0
     """The share of one core merges may take: after a merge that took c seconds of CPU, the
     compactor rests c * (1/budget - 1) seconds. 0 or less: no merges on their own."""

@@ -74,10 +74,10 @@ bytes at most, so the header stays within its bound (frames.MAX_HEADER). More th
 backlog: a peer that reconnected, a link that carries little) go in a LINEAGE frame of their
 own just before the frame, in order on the same link, so the receiver holds every entry the
 frame depends on before it processes it."""
-POINT_S = 0.02
+POINT_S = 0.05
 """The longest a step stays without a lineage point (when no sink frontier moved meanwhile)."""
-POINT_GAP_S = 0.002
-"""The shortest time between two lineage points."""
+POINT_GAP_S = 0.01
+"""The shortest time between two lineage points (a sink's frontier that moved asks for one)."""
 PERSISTED = -1
 """The stash's mark for what lineage points persisted (as a peer's mark is for what it got)."""
 

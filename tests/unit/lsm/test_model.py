@@ -292,6 +292,8 @@ class StoreChecks(RuleBasedStateMachine):
         note(f"store options: {options}")
         self.options = options
         self.retention_low = options["retention"]
+        # runs this small merge in the background as big ones do
+        self.options = options = {"merge_min_bytes": 0, **options}
         self.store = Store(self.path, **options)
 
     def reopen_store(self) -> None:

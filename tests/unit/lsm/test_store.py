@@ -45,11 +45,12 @@ History = list[tuple[int, dict]]
 
 @pytest.fixture
 def open_store(tmp_path) -> Iterator[OpenStore]:  # noqa: ANN001 - pytest's tmp_path
-    """Opens stores under tmp_path; whatever a test leaves open is abandoned afterwards."""
+    """Opens stores under tmp_path; whatever a test leaves open is abandoned afterwards. Runs
+    this small merge in the background as big ones do (merge_min_bytes 0), unless a test says."""
     opened: list[Store] = []
 
     def open_(name: str = "store", **options: object) -> Store:
-        s = Store(str(tmp_path / name), **options)
+        s = Store(str(tmp_path / name), **{"merge_min_bytes": 0, **options})
         opened.append(s)
         return s
 
