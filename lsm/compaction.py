@@ -48,6 +48,9 @@ class Compactor:
         self.busy = False
         self._thread: threading.Thread | None = None
         self._rest_until = 0.0
+        self._last_end = time.monotonic()
+        self._entry_cpu_s = 2e-6
+        """CPU seconds a merge took per entry it merged (measured; a guess until then)."""
         self._stopping = False
         self.last_report: dict = {}
 
@@ -84,7 +87,21 @@ class Compactor:
         s = self.s
         if self.busy or self._stopping or s.options.budget <= 0 or time.monotonic() < self._rest_until:
             return False
-        return bool(self._plans(s.compaction_horizon()))
+        return bool(self._affordable(self._plans(s.compaction_horizon())))
+
+    def _affordable(self, plans: list) -> list:
+        """The merges the budget allows now: one whose cost, estimated from the entries it
+        merges and what an entry cost the merges before, needs that cost / budget seconds since
+        the last merge ended. The wait is before a merge, not only after it, so that a big merge
+        never takes a core for seconds out of a short span of work."""
+        budget = self.s.options.budget
+        if budget >= 1:
+            return plans
+        quiet = time.monotonic() - self._last_end
+        return [p for p in plans if self._estimate(p[1]) / budget <= quiet]
+
+    def _estimate(self, refs: list) -> float:
+        return sum(r.n + r.npairs + r.nhist for r in refs) * self._entry_cpu_s
 
     def indexed(self, refs: list[RunRef]) -> None:
         """The persister indexed new runs (nothing to do but to be asked again)."""
@@ -101,7 +118,7 @@ class Compactor:
         s = self.s
         try:
             t0 = time.thread_time()
-            self.run(full=False)
+            self.run(full=False, paced=True)
             cpu = time.thread_time() - t0
             budget = s.options.budget
             if budget < 1:
@@ -121,9 +138,10 @@ class Compactor:
 
     # -- what -------------------------------------------------------------------
 
-    def run(self, full: bool) -> dict:
+    def run(self, full: bool, paced: bool = False) -> dict:
         """The merges the runs call for now (with `full`, every state's runs at or below the
-        horizon folded, and LevelDB's files rewritten); returns what it did."""
+        horizon folded, and LevelDB's files rewritten; with `paced`, only those the budget
+        allows now); returns what it did."""
         s = self.s
         with self.lock:
             start = time.perf_counter()
@@ -134,10 +152,17 @@ class Compactor:
                 s._disk.set_horizon(h)
             with s._cond:
                 plans = self._plans(h, full)
+                if paced:
+                    plans = self._affordable(plans)
             for sb, refs, base, fold in plans:
                 if self._stopping:
                     break
+                t1 = time.thread_time()
                 self._merge(sb, refs, h if fold else s._disk.horizon, base, report)
+                entries = sum(r.n + r.npairs + r.nhist for r in refs)
+                if entries >= 10_000:
+                    self._entry_cpu_s = 0.5 * self._entry_cpu_s + 0.5 * (time.thread_time() - t1) / entries
+            self._last_end = time.monotonic()
             if full:
                 s._disk.compact_files()
             if s.options.uploads:

@@ -664,18 +664,23 @@ class SinkOp(Op):
             stamps.extend(self.staged_ts.pop(e))
         self._committed(n, stamps)
 
-    def precommit(self, checkpoint: int, upto: int | None = None) -> None:
-        """Makes what is staged for epochs <= `upto` (None: everything) durable under
-        `checkpoint`, outside the committed output."""
+    def precommit(self, checkpoint: int, upto: int | None = None, durable: bool = True) -> None:
+        """Makes what is staged for epochs <= `upto` (None: everything) the pre-commit of
+        `checkpoint`, outside the committed output; durable across a crash unless `durable` is
+        False (`harden` makes it so later)."""
         if upto is None:
-            handle = self.part.precommit(checkpoint)
+            handle = self.part.precommit(checkpoint, durable=durable)
             stamps = [x for s in self.staged_ts.values() for x in s]
             self.staged_ts.clear()
         else:
-            handle = self.part.precommit(checkpoint, upto)
+            handle = self.part.precommit(checkpoint, upto, durable=durable)
             stamps = [x for e in [e for e in self.staged_ts if e <= upto] for x in self.staged_ts.pop(e)]
         self.precommitted.append((checkpoint, handle))
         self.precommit_ts[checkpoint] = stamps
+
+    def harden(self) -> None:
+        """Makes every pre-commit not yet committed durable across a crash."""
+        self.precommitted = [(c, self.part.harden(c, h)) for c, h in self.precommitted]
 
     def commit_checkpoint(self, checkpoint: int) -> None:
         """Publishes what was pre-committed under checkpoints <= `checkpoint`."""

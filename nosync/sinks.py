@@ -85,12 +85,18 @@ class SinkPart:
     def seal(self, epoch: int) -> None:
         """No record of epochs <= `epoch` will come: a part may finish writing them early."""
 
-    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
+    def precommit(self, checkpoint: int, upto: int = ALL, durable: bool = True) -> Any:
         """Moves what is staged for epochs <= `upto` (default: everything) into the pre-commit
-        of `checkpoint`; returns its handle (msgpack-able). The base keeps it in memory: not
+        of `checkpoint`; returns its handle (msgpack-able). Without `durable`, the pre-commit
+        need not survive a crash (its writer can produce it again: mode nosync's lineage points)
+        and is cheaper; `harden` makes it durable later. The base keeps it in memory: never
         durable across a crash."""
         self.held[checkpoint] = self.take(upto)
         return sum(len(r) for _, r in self.held[checkpoint])
+
+    def harden(self, checkpoint: int, handle: Any) -> Any:
+        """Makes a pre-commit made without `durable` survive a crash; returns its new handle."""
+        return handle
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:
         """Publishes the pre-commit of `checkpoint`; returns how many records."""
@@ -390,16 +396,37 @@ class _FilesPart(SinkPart):
             fsync_dir(self.dir)
         return n
 
-    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
+    def precommit(self, checkpoint: int, upto: int = ALL, durable: bool = True) -> Any:
         names = []
         n = 0
-        for e in sorted(e for e in {*self.open, *self.sealed} if e <= upto):
+        epochs = sorted(e for e in {*self.open, *self.sealed} if e <= upto)
+        if not durable:
+            # the finished (fsynced) files stay where they were written, under their names in
+            # progress: one rename, at the commit
+            paths = []
+            for e in epochs:
+                files = self.sealed.pop(e, []) + (self._close_epoch(e) if e in self.open else [])
+                for i, f in enumerate(files):
+                    names.append(self._name(e, checkpoint, i))
+                    paths.append(f.path)
+                    n += f.records
+            return {"files": names, "records": n, "paths": paths}
+        for e in epochs:
             got, k = self._publish(e, self.staging, checkpoint)
             names.extend(got)
             n += k
         if names:
             fsync_dir(self.staging)
         return {"files": names, "records": n}
+
+    def harden(self, checkpoint: int, handle: Any) -> Any:
+        if "paths" not in handle:
+            return handle
+        for path, name in zip(handle["paths"], handle["files"], strict=True):
+            if os.path.exists(path):
+                os.replace(path, os.path.join(self.staging, name))
+        fsync_dir(self.staging)
+        return {"files": handle["files"], "records": handle["records"]}
 
     def abort(self) -> None:
         for files in [*self.open.values(), *self.sealed.values()]:
@@ -410,8 +437,8 @@ class _FilesPart(SinkPart):
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:
         moved = False
-        for name in handle["files"]:
-            staged = os.path.join(self.staging, name)
+        paths = handle.get("paths") or [os.path.join(self.staging, name) for name in handle["files"]]
+        for staged, name in zip(paths, handle["files"], strict=True):
             final = os.path.join(self.dir, name)
             if os.path.exists(staged):
                 os.replace(staged, final)
@@ -534,10 +561,20 @@ class _LevelDBPart(SinkPart):
     def _staged(self, checkpoint: int) -> str:
         return os.path.join(self.staging, f"w{self.worker:04d}-c{checkpoint:010d}.msgpack")
 
-    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
+    def precommit(self, checkpoint: int, upto: int = ALL, durable: bool = True) -> Any:
         pairs = [p for _, recs in self.take(upto) for p in self._pairs(recs)]
         if not pairs:
             return {"records": 0}
+        if not durable:
+            self.held[checkpoint] = pairs  # in memory, until the commit or `harden`
+            return {"records": len(pairs), "held": True}
+        return self._stage(checkpoint, pairs)
+
+    def harden(self, checkpoint: int, handle: Any) -> Any:
+        pairs = self.held.pop(checkpoint, None) if handle.get("held") else None
+        return handle if pairs is None else self._stage(checkpoint, pairs)
+
+    def _stage(self, checkpoint: int, pairs: list) -> Any:
         path = self._staged(checkpoint)
         with open(path + ".tmp", "wb") as f:
             f.write(msgpack.packb(pairs, use_bin_type=True))
@@ -548,6 +585,10 @@ class _LevelDBPart(SinkPart):
         return {"records": len(pairs)}
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:
+        held = self.held.pop(checkpoint, None)
+        if held is not None:
+            self._put(held)
+            return handle["records"]
         path = self._staged(checkpoint)
         if handle["records"] and os.path.exists(path):
             # the staged file goes only after its upserts are in LevelDB: a crash between the
@@ -620,7 +661,7 @@ class _NullPart(SinkPart):
     def commit(self, epoch: int) -> int:
         return sum(n for _, n in self.take(epoch))
 
-    def precommit(self, checkpoint: int, upto: int = ALL) -> Any:
+    def precommit(self, checkpoint: int, upto: int = ALL, durable: bool = True) -> Any:
         return self.commit(upto)
 
     def commit_precommit(self, checkpoint: int, handle: Any) -> int:

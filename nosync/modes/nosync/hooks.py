@@ -434,14 +434,19 @@ class NosyncHooks(WorkerHooks):
         self.last_cut = self.step
 
     def _precommit(self, worker: Any, seq: int, everything: bool) -> list:
-        """Pre-commits, under `seq`, what the sinks staged: for sealed epochs only, or (a
-        snapshot) everything. Returns [sink, seq, upto] of each pre-commit made."""
+        """Pre-commits, under `seq`, what the sinks staged: at a lineage point, for sealed epochs
+        only, and not durably (a recovery's replay makes it again, the steps before it being
+        durable); at a snapshot, everything, durably (a restore starts after it), and every
+        earlier pre-commit not yet committed is made durable too. Returns [sink, seq, upto] of
+        each pre-commit made."""
         made = []
         for s in worker.sinks:
+            if everything:
+                s.harden()
             upto = None if everything else min(s.frontier, s.last_epoch)
             if not s.part.has_staged(ALL if upto is None else upto):
                 continue
-            s.precommit(seq, upto)
+            s.precommit(seq, upto, durable=everything)
             bound = s.last_epoch if upto is None else upto
             self.pc_epochs.setdefault(s.name, {})[seq] = bound
             made.append([s.name, seq, upto])

@@ -282,7 +282,7 @@ def _precommit_again(h: Any, worker: Any, pcs: list) -> None:
     sinks = {s.name: s for s in worker.sinks}
     for name, c, upto in pcs:
         s = sinks[name]
-        s.precommit(int(c), None if upto is None else int(upto))
+        s.precommit(int(c), None if upto is None else int(upto), durable=False)
         h.pc_epochs.setdefault(name, {})[int(c)] = s.last_epoch if upto is None else int(upto)
 
 
