@@ -47,7 +47,7 @@ from nosync.modes import WorkerHooks, read_store
 from nosync.modes.nosync.layout import META, store_state
 from nosync.modes.nosync.layout import pack as _pack
 from nosync.modes.nosync.layout import unpack as _unpack
-from nosync.modes.nosync.recovery import next_frame
+from nosync.modes.nosync.recovery import next_frame, precommit_again
 from nosync.operators import KeyedOp, Op, SinkOp
 from nosync.pipeline import KEYED_KINDS
 from nosync.sinks import SinkPart
@@ -464,6 +464,7 @@ def hand_over(self: Any, worker: Any, entries: list, pump: Any) -> int:
     self.span_reason = None
     return len(taken)
 
+
 def _covered(self: Any, counters: list) -> bool:
     """Whether every survivor's durable point covers the frames produced up to the cut."""
     me = self.w.index
@@ -471,6 +472,7 @@ def _covered(self: Any, counters: list) -> bool:
         if j != me and c > int((self.peer_points.get(j) or {}).get("consumed", {}).get(me, 0)):
             return False
     return True
+
 
 def _apply_span(self: Any, worker: Any, taken: list, counters: list, got: dict, result: dict) -> None:
     """The worker as it stood after the last step of `taken` (a cut): the job's keyed state,
@@ -503,6 +505,11 @@ def _apply_span(self: Any, worker: Any, taken: list, counters: list, got: dict, 
             op.process(list(recs), epoch, None)
         if op.frontier >= 0:
             op.part.seal(op.frontier)
+    cut = int(taken[-1][0])
+    for step in sorted(s for s in self.pc_at if s <= cut):
+        # the pre-commits the steps up to the cut made, again under their ids: each covered
+        # epochs sealed when it was made, whose records are all staged now
+        precommit_again(self, worker, self.pc_at.pop(step))
     for _, entry in taken:
         if entry[0] == "i":
             self.consumed[int(entry[1])] = int(entry[2])
@@ -521,4 +528,3 @@ def _apply_span(self: Any, worker: Any, taken: list, counters: list, got: dict, 
     self.span_records += int(result["read"]) + sum(
         len(f.body) for fs in got.values() for f in fs if f.kind == frames.DATA
     )
-
