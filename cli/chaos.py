@@ -40,9 +40,7 @@ from cli.common import master_option, parse_params
 @click.option(
     "--persist-ms", type=click.IntRange(min=1), default=None, help="Passed to `nosync run` (default: its own)."
 )
-@click.option(
-    "--persist-budget", type=float, default=None, help="Passed to `nosync run` (default: its own)."
-)
+@click.option("--persist-budget", type=float, default=None, help="Passed to `nosync run` (default: its own).")
 @click.option(
     "--replay-threshold-records",
     type=click.IntRange(min=1),

@@ -77,10 +77,7 @@ def lsm_demo(directory: str | None) -> None:
             counts[word] = counts.get(word, 0) + 1
             store.append(seq, {"counts": {word: counts[word]}})
         say(f"appended {len(words)} runs (seqs 0..{store.last_seq}) to {path}")
-        say(
-            f"  count of 'the' now: {store.get('counts', 'the')}, "
-            f"as of seq 3: {store.get('counts', 'the', as_of=3)}"
-        )
+        say(f"  count of 'the' now: {store.get('counts', 'the')}, as of seq 3: {store.get('counts', 'the', as_of=3)}")
         durable = store.flush("disk")
         say(f"  durable on disk up to seq {durable}; remote up to seq {store.durable('remote')}")
         store.append(store.last_seq + 1, {"counts": {"the": 99, "dog": lsm.TOMBSTONE}})
@@ -88,8 +85,7 @@ def lsm_demo(directory: str | None) -> None:
         store.abandon()
         store = lsm.Store(path, retention=2, uploads=True)
         say(
-            f"  reopened: last seq {store.last_seq}, the={store.get('counts', 'the')}, "
-            f"dog={store.get('counts', 'dog')}"
+            f"  reopened: last seq {store.last_seq}, the={store.get('counts', 'the')}, dog={store.get('counts', 'dog')}"
         )
         store.rollback(5)
         say(f"rolled back to seq 5: {store.load('counts')}")

@@ -165,9 +165,7 @@ def key_hash(key: Any) -> int:
 
 def key_hashes(keys: Any) -> np.ndarray:
     """`key_hash` of every key of a column, as uint64, by C calls only."""
-    return np.fromiter(
-        map(xxhash.xxh3_64_intdigest, map(_key_packer().pack, keys)), dtype=np.uint64, count=len(keys)
-    )
+    return np.fromiter(map(xxhash.xxh3_64_intdigest, map(_key_packer().pack, keys)), dtype=np.uint64, count=len(keys))
 
 
 def pack(obj: Any) -> bytes:

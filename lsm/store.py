@@ -770,4 +770,3 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -131,6 +131,9 @@ class Connection:
         self.out_bytes = 0
         self.credits = credits  # None: not flow-controlled
         self._waiting: deque[bytes] = deque()
+        self._resends = 0
+        """Frames sent again (`send(resend=True)`) still waiting for credit: they lead the
+        queue, and count in no backlog (they are old work, held in memory anyway)."""
         self.closed = False
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -138,8 +141,9 @@ class Connection:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, data: bytes) -> None:
-        """Queues one frame; a flow-controlled connection holds it until it has a credit."""
+    def send(self, data: bytes, resend: bool = False) -> None:
+        """Queues one frame; a flow-controlled connection holds it until it has a credit.
+        REQUIRES: a frame sent again (`resend`) is queued before any new one."""
         if self.credits is None:
             self._out.append(memoryview(data))
             self.out_bytes += len(data)
@@ -149,6 +153,8 @@ class Connection:
             self.out_bytes += len(data)
         else:
             self._waiting.append(data)
+            if resend:
+                self._resends += 1
 
     def send_uncounted(self, data: bytes) -> None:
         """Queues a frame that needs no credit (credits themselves)."""
@@ -160,14 +166,17 @@ class Connection:
         self.credits += n
         while self.credits > 0 and self._waiting:
             data = self._waiting.popleft()
+            if self._resends:
+                self._resends -= 1
             self.credits -= 1
             self._out.append(memoryview(data))
             self.out_bytes += len(data)
 
     @property
     def backlog(self) -> int:
-        """Frames queued here: written-but-unsent plus waiting for credit."""
-        return len(self._out) + len(self._waiting)
+        """Frames queued here: written-but-unsent plus waiting for credit, but for frames sent
+        again to a peer that recovers."""
+        return len(self._out) + len(self._waiting) - self._resends
 
     def flush(self) -> bool:
         """Writes what the socket takes now; True when nothing is left to write."""

@@ -435,6 +435,7 @@ class Worker:
         self._rejoin: int | None = None
         self._finish = False
         self._done_sent = False
+        self._ready_sent = False
         self.sel: selectors.BaseSelector | None = None
         self.restored = False
         """Whether this generation's operators hold their restored state (its counters
@@ -472,6 +473,13 @@ class Worker:
     def send_ctrl(self, msg: dict) -> None:
         """Queues a control message to the coordinator (written by the loop, or by keepalive)."""
         self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, msg))
+
+    def report_ready(self) -> None:
+        """Tells the coordinator this generation runs here (once): the operators are built and
+        restored, and the worker executes (a mode may say so before its replay is done)."""
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.send_ctrl({"type": "ready", "gen": self.gen})
 
     def report_restored(self) -> None:
         """This generation's operators hold their restored state: the counters count from the
@@ -658,9 +666,10 @@ class Worker:
         self._build(p)
         self._open_selector()
         self.restored = not (peers.get("restore") or self.attempt > 0)
+        self._ready_sent = False
         self.hooks.on_start(self, peers)
         self.restored = True
-        self.send_ctrl({"type": "ready", "gen": self.gen})
+        self.report_ready()
         self.keepalive()
 
     # -- the loop ---------------------------------------------------------------

@@ -57,9 +57,7 @@ def bare_write(path: str, keys: list, values: list) -> float:
     packer = msgpack.Packer(use_bin_type=True)
     hashes = np.fromiter(map(xxhash.xxh3_64_intdigest, map(packer.pack, keys)), dtype=np.uint64, count=len(keys))
     order = np.argsort(hashes, kind="stable").astype(np.uint32)
-    data = b"".join(
-        [hashes[order].tobytes(), order.tobytes(), msgpack.packb(keys), msgpack.packb(values)]
-    )
+    data = b"".join([hashes[order].tobytes(), order.tobytes(), msgpack.packb(keys), msgpack.packb(values)])
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, data)

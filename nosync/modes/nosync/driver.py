@@ -99,20 +99,27 @@ class NosyncMode(Mode):
             self.changed = True
             return
         if msg.get("op") == "replayed":
+            done = self.recovering.pop(worker, None)
+            if done is not None:
+                done["replayed_at"] = time.time()
+                coord.event("replayed", worker=worker, steps=int(msg["steps"]))
             for r in reversed(self.recoveries):
                 if r["worker"] == worker or r.get("global"):
-                    # source records read again: from its position at the loss (its last
-                    # heartbeat) back to its restored snapshot's (what the run's counts show)
+                    # source records read again: from its position at the loss back to its
+                    # restored snapshot's; its last heartbeat may lag what it had read, and
+                    # what the replay read again counts exactly
                     r["read_restored"] = r.get("read_restored", 0) + int(msg["read_restored"])
-                    r["records_reprocessed"] = r.get("records_reprocessed", 0) + max(
-                        0, r.get("read_at_loss", 0) - int(msg["read_restored"])
-                    )
                     r["records_replayed"] = r.get("records_replayed", 0) + int(msg["source_records"])
+                    r["records_reprocessed"] = r.get("records_reprocessed", 0) + max(
+                        r.get("read_at_loss", 0) - int(msg["read_restored"]), int(msg["source_records"])
+                    )
                     r["frames_replayed"] = r.get("frames_replayed", 0) + int(msg["frames"])
                     r["frame_records_replayed"] = r.get("frame_records_replayed", 0) + int(msg["frame_records"])
                     r.setdefault("steps_replayed", 0)
                     r["steps_replayed"] += int(msg["steps"])
                     r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
+                    r["load_s"] = max(r.get("load_s", 0.0), float(msg.get("load_s", 0.0)))
+                    r["load_wait_s"] = max(r.get("load_wait_s", 0.0), float(msg.get("load_wait_s", 0.0)))
                     if self.threshold:
                         r["span_steps"] = int(msg.get("span_steps", 0))
                         r["span_records"] = int(msg.get("span_records", 0))
@@ -129,6 +136,9 @@ class NosyncMode(Mode):
         if old is None or (p["lstep"], p["step"]) >= (old["lstep"], old["step"]):
             self.points[worker] = p
             self.changed = True
+            if p["step"] > (old["step"] if old else 0):
+                # a durable snapshot: the step this worker's recovery now restores
+                coord.event("snapshot", worker=worker, step=int(p["step"]))
 
     def tick(self, coord: Any) -> None:
         while self.span_results:
@@ -213,8 +223,10 @@ class NosyncMode(Mode):
         # a worker that restored learns the safe point at the next tick, even when it will not
         # change again (a loss after the last safe point of the run: nothing else would send it)
         self.changed = True
-        row = self.recovering.pop(worker, None)
-        if row is not None:
+        row = self.recovering.get(worker)
+        if row is not None and "restored_at" not in row:
+            # restored and executing again (its replay is part of its recovery: it stays
+            # recovering, for what a second loss means, until it says it replayed)
             row["restored_at"] = time.time()
             row["restore_s"] = row["restored_at"] - row["lost_at"]
             coord.event("recovered", worker=worker, restore_s=round(row["restore_s"], 3))

@@ -142,6 +142,8 @@ class NosyncHooks(WorkerHooks):
         self.lineage_frames = 0
         self.recovered = False
         self.restore_s = 0.0
+        self.restore_meta_s = 0.0
+        self.load_wait_s = 0.0
         self.load_s = 0.0
         self.outlog: OutputLog | None = None
         self._reset()
@@ -336,7 +338,7 @@ class NosyncHooks(WorkerHooks):
                 f"up to {self.produced.get(j, 0)}"
             )
         for frame in self.outlog.since(j, start):
-            conn.send(frame)
+            conn.send(frame, resend=True)
         self.up[j] = True
 
     def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
@@ -554,8 +556,10 @@ class NosyncHooks(WorkerHooks):
         ):
             self._snapshot(worker)
         elif self.step > self.point_step or self._sinks_moved(worker):
-            if ended or now - self.last_point >= POINT_S or (
-                self._sinks_moved(worker) and now - self.last_point >= POINT_GAP_S
+            if (
+                ended
+                or now - self.last_point >= POINT_S
+                or (self._sinks_moved(worker) and now - self.last_point >= POINT_GAP_S)
             ):
                 self._append(worker, {}, None, self._precommit(worker, self.store.last_seq + 1, everything=False))
         if self.cut_steps and self.step - self.last_cut >= self.cut_steps:

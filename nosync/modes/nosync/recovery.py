@@ -52,7 +52,11 @@ def recover(h: Any, worker: Any) -> None:
     restore(h, worker)
     h.read_restored = sum(s.records_in for s in worker.sources)
     h.recovered = True
+    h.restore_meta_s = time.perf_counter() - t0
+    # restored, and about to execute (its logged steps first): running again, while its state
+    # loads in the background
     worker.report_restored()
+    worker.report_ready()
     # one LINEAGE frame each way with every peer, then replay what they hold for us
     for j, conn in worker.out.items():
         conn.send_uncounted(h.lineage_frame(j))
@@ -70,6 +74,9 @@ def recover(h: Any, worker: Any) -> None:
             "frame_records": h.replayed_frame_records,
             "read_restored": h.read_restored,
             "restore_s": h.restore_s,
+            "restore_meta_s": h.restore_meta_s,
+            "load_wait_s": h.load_wait_s,
+            "load_s": h.load_s,
             "span_steps": h.span_steps,
             "span_records": h.span_records,
             "span_s": h.span_s,
@@ -220,6 +227,13 @@ def replay(h: Any, worker: Any) -> None:
         except LineageError as e:
             raise RunFailed(f"worker {me}: the lineage its peers hold cannot be replayed: {e}") from e
         entries = plan["replay"]
+        if h.loader is not None and entries:
+            # a key the replay touches would otherwise be read alone, run by run: the load
+            # does that work once, for every key (and it went on while the LINEAGE frames came)
+            t0 = time.perf_counter()
+            h.loader.wait()
+            h.loader.install_done(worker)
+            h.load_wait_s = time.perf_counter() - t0
         if h.threshold and h.alone:
             taken = span.hand_over(h, worker, entries, pump)
             deadline[0] = time.monotonic() + REPLAY_TIMEOUT_S
@@ -231,7 +245,7 @@ def replay(h: Any, worker: Any) -> None:
             h.replayed_steps += 1
             pcs = h.pc_at.pop(int(step), None)
             if pcs:
-                _precommit_again(h, worker, pcs)
+                precommit_again(h, worker, pcs)
             if h.replayed_steps & 0xFF == 0:
                 pump(0)
                 if h.loader is not None:
@@ -276,7 +290,7 @@ def execute(h: Any, worker: Any, entry: tuple, pump: Any) -> None:
             )
 
 
-def _precommit_again(h: Any, worker: Any, pcs: list) -> None:
+def precommit_again(h: Any, worker: Any, pcs: list) -> None:
     """The pre-commits a lineage point made after this step, made again with the same ids and
     epochs (the replay staged the same records)."""
     sinks = {s.name: s for s in worker.sinks}
