@@ -48,9 +48,10 @@ def test_quick_grid_table_figure_and_resume(tmp_path):
         assert r["records_per_s"] > 0 and r["latency_p99_ms"] >= r["latency_p50_ms"] > 0
         assert r["seed"] == 1 + r["rep"] and r["grid"] == "quick"
         assert r["cpus"] == os.cpu_count() and r["git_commit"] and r["pyspark"].startswith("4.")
-    # only the modes that persist wrote bytes; nosync persists every interval (not only at the end)
-    assert all(r["checkpoint_bytes"] == 0 for r in rows if r["mode"] == "none")
-    assert all(r["checkpoint_bytes"] > 0 for r in rows if r["mode"] == "nosync")
+    # only the modes that persist wrote bytes; nosync persists its lineage as it goes (a run
+    # this short may end before its first snapshot)
+    assert all(r["checkpoint_bytes"] == r["bytes_persisted"] == 0 for r in rows if r["mode"] == "none")
+    assert all(r["bytes_persisted"] > 0 for r in rows if r["mode"] == "nosync")
 
     png = os.path.join(out, f"{EXP}.png")
     with open(png, "rb") as f:
