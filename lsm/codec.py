@@ -153,6 +153,27 @@ def pack_keys(keys: Any) -> bytes:
         raise
 
 
+def pack_map_parts(items: dict[bytes, bytes]) -> list[bytes]:
+    """`pack_keys(items)` (a map of bytes to bytes) as parts laid end to end: the values'
+    bytes themselves, not copies of them."""
+    n = len(items)
+    parts = [
+        bytes([0x80 | n])
+        if n < 16
+        else (b"\xde" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdf" + n.to_bytes(4, "big"))
+    ]
+    for k, v in items.items():
+        parts.append(pack_keys(k))
+        m = len(v)
+        parts.append(
+            b"\xc4" + bytes([m])
+            if m < 256
+            else (b"\xc5" + m.to_bytes(2, "big") if m < 1 << 16 else b"\xc6" + m.to_bytes(4, "big"))
+        )
+        parts.append(v)
+    return parts
+
+
 def unpack_keys(data: bytes) -> Any:
     """A key column (or one key) as `pack_keys` wrote it, arrays as tuples."""
     return msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False)

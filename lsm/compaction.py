@@ -212,10 +212,11 @@ class Compactor:
         states = self.write_base(h)
         report["base_image"] = {"seq": h, "states": states}
 
-    def write_base(self, h: int) -> int:
+    def write_base(self, h: int, horizon: int | None = None) -> int:
         """Writes a base image of every state as of `h` (REQUIRES: indexed up to `h`) to the
-        remote tier, deletes the remote files it makes redundant, and returns how many states
-        it holds. A failure is the remote tier's (PersistError)."""
+        remote tier, with every version a read at or after `horizon` (default `h`) can see;
+        deletes the remote files it makes redundant, and returns how many states it holds. A
+        failure is the remote tier's (PersistError)."""
         from lsm.errors import PersistError
 
         s = self.s
@@ -227,9 +228,9 @@ class Compactor:
             for sb, refs in catalog.items():
                 below = [r for r in refs if r.lo <= h]
                 if below:
-                    rows.append((sb, image([self._view(r) for r in below], h)))
+                    rows.append((sb, image([self._view(r) for r in below], h, horizon)))
             with s._tier_lock:
-                remote.write_base(h, rows)
+                remote.write_base(h, rows, horizon)
                 for f in list(remote.files):
                     if (f.base and f.last < h) or (not f.base and f.last <= h):
                         remote.delete(f)

@@ -21,6 +21,25 @@ def write(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def writev(fd: int, parts: list[bytes]) -> None:
+    """Writes `parts` laid end to end at the file's position (gathered by the kernel, not
+    copied here), or raises OSError."""
+    limit = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+    i = 0
+    while i < len(parts):
+        chunk = parts[i : i + limit]
+        n = os.writev(fd, chunk)
+        for p in chunk:
+            if n >= len(p):
+                n -= len(p)
+                i += 1
+                continue
+            # a short write: the rest of this part, then on from the next one
+            write(fd, memoryview(p)[n:])
+            i += 1
+            break
+
+
 def fsync(fd: int) -> None:
     """Makes the file's data durable."""
     os.fsync(fd)

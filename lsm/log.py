@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from lsm import files
 from lsm.errors import CorruptLogError
-from lsm.records import SEGMENT_HEADER, Record, encode_record, scan_segment, segment_header
+from lsm.records import SEGMENT_HEADER, Record, record_parts, scan_segment, segment_header
 
 SUFFIX = ".log"
 
@@ -98,8 +98,9 @@ class Log:
 
     # -- writing --------------------------------------------------------------
 
-    def append(self, batches: list[tuple[int, bytes]]) -> None:
-        """Writes the batches as records and fsyncs them; on OSError nothing is half-written.
+    def append(self, batches: list[tuple[int, bytes | list[bytes]]]) -> None:
+        """Writes the batches as records (a body in bytes, or in parts laid end to end) and
+        fsyncs them; on OSError nothing is half-written.
 
         REQUIRES: batches sorted by seq, all above `last_seq`.
         """
@@ -108,10 +109,13 @@ class Log:
             seg = self._start_segment(batches[0][0])
         else:
             self._ensure_fd()
-        blob = b"".join([encode_record(seq, packed) for seq, packed in batches])
+        parts = []
+        for seq, body in batches:
+            parts += record_parts(seq, body if type(body) is list else [body])
+        size = sum(map(len, parts))
         fd = self._fd
         try:
-            files.write(fd, blob)
+            files.writev(fd, parts)
             files.fsync(fd)
         except OSError:
             try:
@@ -119,7 +123,7 @@ class Log:
             except OSError:
                 self._close_fd()
             raise
-        seg.size += len(blob)
+        seg.size += size
         seg.last = batches[-1][0]
 
     def _start_segment(self, first: int) -> Segment:

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from lsm.codec import pack_keys
+from lsm.codec import pack_map_parts
 from lsm.compaction import Compactor
 from lsm.errors import PersistError
 from lsm.run import PendingRun
@@ -168,7 +168,7 @@ class Persister(threading.Thread):
             if runs is None:
                 runs = self._encoded[b.seq] = encoded_runs(b)
             if b.body is None:
-                b.body = pack_keys(runs)
+                b.body = pack_map_parts(runs)
             records.append((b.seq, b.body))
         s._log.append(records)
         with s._cond:
@@ -214,8 +214,10 @@ class Persister(threading.Thread):
         log = s._log
         gap = self._gap()
         if gap is not None:
-            # everything up to `gap` is indexed: a base image of it makes the tier whole
-            self.compactor.write_base(gap)
+            # everything up to `gap` is indexed: a base image of it makes the tier whole; it
+            # keeps the versions the retention horizon keeps, so that a restore from the
+            # remote tier can read as far back as the store it replaces
+            self.compactor.write_base(gap, min(gap, s._disk.horizon))
         if self._current_due():
             log.seal()
         start = s._durable_remote

@@ -39,9 +39,18 @@ def segment_header() -> bytes:
 
 def encode_record(seq: int, packed_updates: bytes) -> bytes:
     """One framed record holding the runs of `seq` (their encoded body)."""
-    payload = SEQ.pack(seq) + packed_updates
-    n = len(payload)
-    return RECORD_HEADER.pack(RECORD_MAGIC, n, _hash(payload, n)) + payload
+    return b"".join(record_parts(seq, [packed_updates]))
+
+
+def record_parts(seq: int, body: list[bytes]) -> list[bytes]:
+    """`encode_record` of the body laid end to end from `body`'s parts, as parts (written
+    with one writev: the body's bytes are not copied)."""
+    head = SEQ.pack(seq)
+    n = len(head) + sum(map(len, body))
+    h = xxhash.xxh3_64(head, seed=n)  # the payload's length seeds its hash, as in one piece
+    for part in body:
+        h.update(part)
+    return [RECORD_HEADER.pack(RECORD_MAGIC, n, h.intdigest()), head, *body]
 
 
 class Record(NamedTuple):

@@ -161,11 +161,15 @@ class RemoteTier:
             out.append(Record(seq, row, payload[SEQ.size :]))
         return out
 
-    def write_base(self, seq: int, rows: list[tuple[bytes, bytes]]) -> RemoteFile:
-        """Writes a base image: (encoded state name, run bytes) of every state as of `seq`."""
+    def write_base(self, seq: int, rows: list[tuple[bytes, bytes]], horizon: int | None = None) -> RemoteFile:
+        """Writes a base image: (encoded state name, run bytes) of every state as of `seq`,
+        with every version a read at or after `horizon` (default `seq`) can see."""
+        schema = BASE_SCHEMA.with_metadata(
+            {**BASE_SCHEMA.metadata, b"horizon": str(seq if horizon is None else horizon).encode()}
+        )
         table = pa.table(
             {"state": pa.array([r[0] for r in rows], pa.binary()), "run": pa.array([r[1] for r in rows], pa.binary())},
-            schema=BASE_SCHEMA,
+            schema=schema,
         )
         name = f"base-{seq:020d}.arrow"
         write_table(self.fs, self._path(name), table)
@@ -173,10 +177,15 @@ class RemoteTier:
         self._add(f)
         return f
 
-    def read_base(self, f: RemoteFile) -> list[tuple[bytes, bytes]]:
-        """The (state, run bytes) rows of a base image; each run is checked when it is read."""
+    def read_base(self, f: RemoteFile) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The (state, run bytes) rows of a base image (each run is checked when it is read)
+        and its horizon: the oldest seq a read of it may ask for."""
         table = self._read_table(f, b"base")
-        return list(zip(table.column("state").to_pylist(), table.column("run").to_pylist(), strict=True))
+        try:
+            horizon = int((table.schema.metadata or {}).get(b"horizon", str(f.last).encode()))
+        except ValueError as e:
+            raise CorruptLogError(self._path(f.name), 0, f"bad horizon in the base image's metadata: {e}") from e
+        return list(zip(table.column("state").to_pylist(), table.column("run").to_pylist(), strict=True)), horizon
 
     def _add(self, f: RemoteFile) -> None:
         """Lists a file just written; a rewrite of the same name replaces its entry."""

@@ -114,12 +114,14 @@ class PendingRun:
     the deletions that are a key's last column (a key deleted and then set again in one batch
     is set)."""
 
-    __slots__ = ("seq", "keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest")
+    __slots__ = ("seq", "_n", "_keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest")
+    hashed = False
+    """Whether `lookup` needs the key's hash (an append's run is searched as a dict)."""
 
     def __init__(
         self,
         seq: int,
-        keys: list,
+        n: int,
         keys_b: bytes,
         values_b: bytes,
         dels: list[int],
@@ -127,7 +129,8 @@ class PendingRun:
         npairs: int = 0,
     ) -> None:
         self.seq = seq
-        self.keys = keys
+        self._n = n
+        self._keys: tuple | None = None
         self.keys_b = keys_b
         self.values_b = values_b
         self.dels = dels
@@ -146,7 +149,15 @@ class PendingRun:
     @property
     def n(self) -> int:
         """Entries in the key and value columns (besides the pairs)."""
-        return len(self.keys)
+        return self._n
+
+    @property
+    def keys(self) -> tuple:
+        """The key column, decoded from its bytes once (a read before the run is indexed):
+        the run holds nothing of what the caller appended but bytes."""
+        if self._keys is None:
+            self._keys = unpack_keys(self.keys_b)
+        return self._keys
 
     @property
     def nbytes(self) -> int:
@@ -207,9 +218,7 @@ class PendingRun:
             b"",
             b"",
         ]
-        return _assemble(
-            self.seq, self.seq, 0, len(self.keys), len(self.dels), 0, *ALL_HASHES, sections, npairs=self.npairs
-        )
+        return _assemble(self.seq, self.seq, 0, self._n, len(self.dels), 0, *ALL_HASHES, sections, npairs=self.npairs)
 
 
 class RunView:
@@ -227,6 +236,7 @@ class RunView:
         "npairs",
         "hmin",
         "hmax",
+        "hashed",
         "_latest",
         "_off",
         "_keys",
@@ -258,6 +268,7 @@ class RunView:
         self.flags, self.lo, self.hi, self.n, self.ndel, self.nhist = flags, lo, hi, n, ndel, nhist
         self.npairs = npairs
         self.hmin, self.hmax = hmin, hmax
+        self.hashed = bool(flags & HASHED)
         self._latest: dict | None = None
         off = {}
         pos = HEADER.size
@@ -339,7 +350,7 @@ class RunView:
 
     def lookup(self, key: Any, h: int, as_of: int) -> Any:
         """The value of `key` as of `as_of` in this run: a value, TOMBSTONE, or MISSING."""
-        if as_of < self.lo or h < self.hmin or h > self.hmax:
+        if as_of < self.lo:
             return MISSING
         if not self.flags & HASHED:
             # an append's run (one seq): its latest versions, as a dict built once
@@ -349,6 +360,8 @@ class RunView:
                 self._latest = latest
             v = self._latest.get(key, MISSING)
             return v if v is MISSING else own(v)
+        if h < self.hmin or h > self.hmax:
+            return MISSING
         hashes = self.hashes
         hu = np.uint64(h)  # a Python int above 2**63 would make numpy compare as floats, slowly
         i = int(np.searchsorted(hashes, hu, "left"))
@@ -466,9 +479,11 @@ def truncate(run: RunView | PendingRun, to_seq: int, horizon: int, base: bool) -
     return _build(list(get(K)), list(get(V)), S[keep], H[keep], run.lo, to_seq, horizon, base)
 
 
-def image(runs: list, seq: int) -> bytes:
+def image(runs: list, seq: int, horizon: int | None = None) -> bytes:
     """One run holding the state after `seq` of the consecutive `runs` (oldest first) of one
-    state, and nothing older or newer: every live key's value (a base image)."""
+    state, and nothing newer: every live key's value (a base image), and the older versions a
+    read at or after `horizon` (default `seq`: none) can see."""
+    horizon = seq if horizon is None else horizon
     parts = [r.entries() for r in runs]
     K = [k for p in parts for k in p[0]]
     V = [v for p in parts for v in p[1]]
@@ -476,7 +491,7 @@ def image(runs: list, seq: int) -> bytes:
     H = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, _U64)
     keep = np.flatnonzero(S <= seq).tolist()
     lo = runs[0].lo if runs else seq
-    return _build([K[i] for i in keep], [V[i] for i in keep], S[keep], H[keep], lo, seq, seq, True)
+    return _build([K[i] for i in keep], [V[i] for i in keep], S[keep], H[keep], lo, seq, min(seq, horizon), True)
 
 
 def _build(K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, horizon: int, base: bool) -> bytes:

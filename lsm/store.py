@@ -106,12 +106,13 @@ class Batch:
 
     __slots__ = ("seq", "runs", "body", "nbytes")
 
-    def __init__(self, seq: int, runs: dict, body: bytes | None = None) -> None:
+    def __init__(self, seq: int, runs: dict, body: bytes | list[bytes] | None = None) -> None:
         self.seq = seq
         self.runs = runs
         """state (encoded) -> PendingRun, or RunView once read back from the log."""
         self.body = body
-        """The log record's body once encoded: msgpack map state -> run bytes."""
+        """The log record's body once encoded: msgpack map state -> run bytes (in parts when
+        the persister encoded it, `pack_map_parts`)."""
         self.nbytes = sum(r.nbytes for r in runs.values())
 
 
@@ -165,6 +166,12 @@ class Updates(NamedTuple):
     checked: bool = False
 
 
+def _seq(column: Any) -> list | tuple:
+    """A column as a list or tuple: those as they are (`append` packs them before it returns
+    and keeps nothing of them), anything else iterated once."""
+    return column if type(column) in (list, tuple) else list(column)
+
+
 def _columns(updates: Any) -> tuple[list, list]:
     """(keys, values) of what `append` was given for one state: a (keys, values) pair of
     sequences, or a mapping."""
@@ -173,7 +180,7 @@ def _columns(updates: Any) -> tuple[list, list]:
     if isinstance(updates, tuple) and len(updates) == 2 and not isinstance(updates[0], str | bytes):
         keys, values = updates
         try:
-            keys, values = list(keys), list(values)
+            keys, values = _seq(keys), _seq(values)
         except TypeError:
             raise LsmError(f"a state's (keys, values) pair is not two sequences: {updates!r:.80}") from None
         if len(keys) != len(values):
@@ -274,6 +281,9 @@ class Store:
         self._views: OrderedDict = OrderedDict()
         self._views_bytes = 0
         self._views_lock = threading.Lock()
+        self._state_keys: dict[str, bytes] = {}
+        self._newest_cache: tuple = (None, {})
+        """A state's name, encoded (`get`, many times a name)."""
         self._gen = 0
         self._view: tuple = ((), {}, None, 0)
         self._publish_locked()
@@ -315,9 +325,9 @@ class Store:
         disk tier, the log segments after it to the local log (replayed like any log)."""
         base = self.remote.base
         if base is not None:
-            runs = self.remote.read_base(base)
+            runs, horizon = self.remote.read_base(base)
             self._disk.write(runs, applied=base.last, sync=True)
-            self._disk.set_horizon(base.last)
+            self._disk.set_horizon(horizon)
 
     # -- writing ------------------------------------------------------------------
 
@@ -348,7 +358,7 @@ class Store:
                 raise KeyEncodingError(f"append seq {seq} to {self.path}: state name: {e}") from None
             if isinstance(updates, Updates):
                 built[sb] = self._pending(
-                    seq, state, list(updates.keys), list(updates.values), updates.pairs, updates.checked
+                    seq, state, _seq(updates.keys), _seq(updates.values), updates.pairs, updates.checked
                 )
             else:
                 keys, values = _columns(updates)
@@ -400,7 +410,7 @@ class Store:
             if len(last) < len(keys):
                 dels = [i for i in dels if last[keys[i]] == i]
         npairs, pairs_b = join_pairs(pairs) if pairs else (0, b"")
-        return PendingRun(seq, keys, keys_b, values_b, dels, pairs_b, npairs)
+        return PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs)
 
     def _publish_locked(self, disk_changed: bool = True) -> None:
         """REQUIRES: _lock held (or no other thread yet). Replaces the read view; a LevelDB
@@ -434,22 +444,27 @@ class Store:
 
     def _runs(self, sb: bytes, view: tuple, as_of: int) -> list:
         """The runs of one state that a read as of `as_of` needs, newest first."""
+        return list(self._iter_runs(sb, view, as_of))
+
+    def _iter_runs(self, sb: bytes, view: tuple, as_of: int) -> Any:
+        """`_runs`, one at a time: a look-up that stops at the first run holding its key reads
+        no older one."""
         batches, catalog, snap, _ = view
-        out = [b.runs[sb] for b in reversed(batches) if b.seq <= as_of and sb in b.runs]
+        for b in reversed(batches):
+            if b.seq <= as_of and sb in b.runs:
+                yield b.runs[sb]
         for ref in reversed(catalog.get(sb, ())):
             if ref.lo <= as_of:
-                out.append(self._run_view(ref, snap))
-        return out
+                yield self._run_view(ref, snap)
 
     def _run_view(self, ref: RunRef, snap: object) -> RunView:
-        """The run `ref` names, read from the disk tier once and kept (most recently used
-        first, VIEW_CACHE_BYTES in all): a reader thread and the API thread may both ask."""
+        """The run `ref` names, read from the disk tier once and kept (VIEW_CACHE_BYTES in all,
+        the first read the first dropped): a reader thread and the API thread may both ask."""
         key = (ref.state, ref.lo, ref.hi)
-        with self._views_lock:
-            v = self._views.get(key)
-            if v is not None:
-                self._views.move_to_end(key)
-                return v
+        v = self._views.get(key)
+        if v is not None:
+            # kept in the order first read: a look-up moves nothing, and takes no lock
+            return v
         data = self._disk.read(ref, snap)
         if data is None:
             raise LsmError(f"store {self.path}: run of seq {ref.hi} is missing from the disk tier")
@@ -473,17 +488,47 @@ class Store:
         if type(key) not in KEY_TYPES:
             # refuses what append refuses, and turns lists, at any depth, into tuples
             key = decode_key(encode_key(key))[0]
+        h = None  # only a merged run is searched by hash; an append's run is a dict
         try:
-            h = key_hash(key)
+            if type(key) is not str:
+                h = key_hash(key)
+            elif not key.isascii():
+                key.encode()  # a lone surrogate: append refused it
         except (TypeError, ValueError, OverflowError) as e:
             raise KeyEncodingError(f"key {key!r:.60} of {self.path}: {e}") from None
         if at < 0:
             return default
-        for run in self._runs(encode_key(state), view, at):
+        sb = self._state_keys.get(state) if type(state) is str else None
+        if sb is None:
+            sb = encode_key(state)
+            if type(state) is str and len(self._state_keys) < 1024:
+                self._state_keys[state] = sb
+        views = self._views
+        for lo, run in self._newest_first(sb, view):
+            if lo > at:
+                continue
+            if type(run) is RunRef:
+                run = views.get((run.state, run.lo, run.hi)) or self._run_view(run, view[2])
+            if h is None and run.hashed:
+                h = key_hash(key)
             v = run.lookup(key, h, at)
             if v is not MISSING:
                 return default if v is TOMBSTONE else v
         return default
+
+    def _newest_first(self, sb: bytes, view: tuple) -> list:
+        """(lo, run) of one state's runs in `view`, newest first: a run appended, or the
+        RunRef of one on the disk tier. Kept until the view changes (`get`, many times a view)."""
+        cache = self._newest_cache
+        if cache[0] is not view:
+            cache = self._newest_cache = (view, {})
+        got = cache[1].get(sb)
+        if got is None:
+            batches, catalog, _, _ = view
+            got = [(b.seq, b.runs[sb]) for b in reversed(batches) if sb in b.runs]
+            got += [(ref.lo, ref) for ref in reversed(catalog.get(sb, ()))]
+            cache[1][sb] = got
+        return got
 
     def load(self, state: Any, as_of: int | None = None) -> dict:
         """Every live key of `state` and its value right after seq `as_of` (None: now), as a

@@ -178,3 +178,35 @@ def test_other_format_versions_raise_format_version_error(version: int) -> None:
     assert isinstance(info.value, LsmError)
     assert info.value.path == PATH
     assert f"format version {version}," in str(info.value)
+
+
+@pytest.mark.parametrize("states", [0, 1, 15, 16, 65_536])
+@pytest.mark.parametrize("size", [0, 255, 256, 65_535, 65_536])
+def test_a_body_in_parts_is_the_msgpack_map_byte_for_byte(states, size):
+    """The persister writes a record's body as parts (the runs' bytes are not copied): laid
+    end to end they are what msgpack packs for the map, at every header size boundary."""
+    from lsm.codec import pack_map_parts
+    from lsm.records import record_parts
+
+    n = states if size < 1000 or states < 20 else 2
+    runs = {i.to_bytes(4, "big"): bytes([i % 251]) * size for i in range(n)}
+    parts = pack_map_parts(runs)
+    assert b"".join(parts) == pack(runs)
+    payload = struct.pack("<Q", 9) + pack(runs)
+    header = b"LSMR" + struct.pack("<IQ", len(payload), xxhash.xxh3_64_intdigest(payload, len(payload)))
+    assert b"".join(record_parts(9, parts)) == header + payload
+
+
+def test_writev_writes_every_part_past_the_iov_limit(tmp_path):
+    import os
+
+    from lsm import files
+
+    parts = [bytes([i % 256]) * (i % 7) for i in range(5000)]  # more parts than IOV_MAX
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(fd, b"head")
+        files.writev(fd, parts)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"head" + b"".join(parts)

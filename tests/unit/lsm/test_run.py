@@ -88,8 +88,8 @@ def pending(seq: int, columns: list[tuple[object, object]], pairs: list[tuple[ob
     last = {k: i for i, k in enumerate(keys)}
     dels = [i for i, v in enumerate(values) if v is TOMBSTONE and last[keys[i]] == i]
     if not pairs:
-        return PendingRun(seq, keys, pack_keys(keys), pack_values(values), dels)
-    return PendingRun(seq, keys, pack_keys(keys), pack_values(values), dels, pack_pairs(pairs), len(pairs))
+        return PendingRun(seq, len(keys), pack_keys(keys), pack_values(values), dels)
+    return PendingRun(seq, len(keys), pack_keys(keys), pack_values(values), dels, pack_pairs(pairs), len(pairs))
 
 
 def view(run: PendingRun | bytes) -> RunView:
