@@ -1,7 +1,7 @@
 """Injected I/O faults: ENOSPC / EIO on the store's own file writes, and a failing remote tier.
 
-The log's writes and fsyncs all go through lsm.files, so wrapping `files.write` and
-`files.fsync` injects a fault at exactly the calls the store makes; `remote.write_table` is
+The log's writes and fsyncs all go through lsm.files, so wrapping `files.write`,
+`files.writev` and `files.fsync` injects a fault at exactly the calls the store makes; `remote.write_table` is
 where every remote file is written. While a fault is on: the error surfaces to the caller as a
 PersistError carrying the OSError, nothing becomes durable that was not, nothing durable is
 lost, and reads still see every append. Once it clears, the store goes on as if nothing had
@@ -38,7 +38,7 @@ read back whole."""
 
 
 class DiskFault:
-    """Wraps files.write / files.fsync: while `on`, they raise OSError(err).
+    """Wraps files.write / files.writev / files.fsync: while `on`, they raise OSError(err).
 
     how: "write" (nothing written), "short-write" (half the bytes written, then the error),
     "fsync" (written, the fsync fails). thread: fault only the writes of the threads whose name
@@ -49,7 +49,7 @@ class DiskFault:
         self.how, self.err = how, err
         self.on = False
         self.hits = 0
-        real_write, real_fsync = files.write, files.fsync
+        real_write, real_writev, real_fsync = files.write, files.writev, files.fsync
 
         def faulted() -> bool:
             return self.on and threading.current_thread().name.startswith(thread)
@@ -62,6 +62,15 @@ class DiskFault:
                 raise OSError(err, os.strerror(err))
             real_write(fd, data)
 
+        def writev(fd: int, parts: list[bytes]) -> None:
+            if faulted() and how in ("write", "short-write"):
+                self.hits += 1
+                if how == "short-write":
+                    data = b"".join(parts)
+                    real_write(fd, data[: len(data) // 2])
+                raise OSError(err, os.strerror(err))
+            real_writev(fd, parts)
+
         def fsync(fd: int) -> None:
             if faulted() and how == "fsync":
                 self.hits += 1
@@ -69,6 +78,7 @@ class DiskFault:
             real_fsync(fd)
 
         monkeypatch.setattr(files, "write", write)
+        monkeypatch.setattr(files, "writev", writev)
         monkeypatch.setattr(files, "fsync", fsync)
 
 
