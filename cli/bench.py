@@ -176,9 +176,16 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
     show_default=True,
     help="abs's checkpoint interval and nosync's persistence interval alike.",
 )
+@click.option(
+    "--reps",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Killed runs per mode, the modes taking turns; the median is reported.",
+)
 @master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
-def bench_recovery(modes, workers, keys, records, interval_ms, master, as_json) -> None:
+def bench_recovery(modes, workers, keys, records, interval_ms, reps, master, as_json) -> None:
     """Kills one worker mid-run; prints recovery time and records reprocessed per mode."""
     from experiments.bench import recovery
 
@@ -188,7 +195,14 @@ def bench_recovery(modes, workers, keys, records, interval_ms, master, as_json) 
     _report(
         "recovery",
         lambda progress: recovery.run(
-            picked, workers, keys, records=records, master=master, interval_ms=interval_ms, progress=progress
+            picked,
+            workers,
+            keys,
+            records=records,
+            master=master,
+            interval_ms=interval_ms,
+            reps=reps,
+            progress=progress,
         ),
         recovery.render,
         as_json,

@@ -156,7 +156,7 @@ def run_cmd(
         raise click.UsageError("--resume needs --run-dir: the run directory to continue")
     args = parse_params(params)
     tty = sys.stdout.isatty()
-    last = [0.0, 0]
+    last = [0.0, 0, 0]
 
     def progress(p: dict) -> None:
         now = time.time()
@@ -168,7 +168,8 @@ def run_cmd(
         )
         if tty:
             click.echo("\r" + line.ljust(100), nl=False)
-        elif int(p["t"] * 2) % 2 == 0:
+        elif int(p["t"]) > last[2]:
+            last[2] = int(p["t"])  # one line a second
             click.echo(line)
 
     try:

@@ -218,6 +218,7 @@ def recovery(
         r = recs[0]
         return {
             "recovery_s": r.get("back_to_90_s"),
+            "caught_up_s": r.get("caught_up_s"),
             "restore_s": r.get("restore_s"),
             "detection_s": r.get("detection_s"),
             "records_reprocessed": r.get("records_reprocessed"),

@@ -30,6 +30,8 @@ from nosync.errors import AuthError, FrameError, RunFailed
 log = logging.getLogger("nosync.coordinator")
 
 HEARTBEAT_TIMEOUT_S = 30.0
+PROGRESS_S = 0.1
+"""How often the per-worker progress is sampled (the workers' counters come every HEARTBEAT_S)."""
 """A worker silent this long is lost. A killed worker's connection drops at once; this bound is
 for one that hangs, so it must exceed the longest step a busy worker takes between two
 heartbeats (replaying what an alignment held, a large snapshot): at 5 s, busy workers of
@@ -83,6 +85,9 @@ class Coordinator:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._sample_now = False
+        self.progress_rows: list[dict] = []
+        """Per worker, every PROGRESS_S: records read and committed (`progress.parquet`)."""
+        self._last_progress = 0.0
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.listener, selectors.EVENT_READ, None)
         self._stop = False
@@ -243,6 +248,17 @@ class Coordinator:
                         self._lost(w, conn, f"no heartbeat for {HEARTBEAT_TIMEOUT_S}s")
                     else:
                         self.last_beat.pop(w)
+            if now - self._last_progress >= PROGRESS_S:
+                # per-worker progress over time: what a loss cost each worker, the lost one
+                # and the ones that did not fail
+                self._last_progress = now
+                t = time.time()
+                with self._lock:
+                    counts = sorted(self.counters.items())
+                self.progress_rows.extend(
+                    {"t": t, "worker": w, "read": int(c.get("read", 0)), "committed": int(c.get("committed", 0))}
+                    for w, c in counts
+                )
             if not self.finished and self.failure is None:
                 try:
                     self.mode.tick(self)

@@ -10,9 +10,10 @@
   records held, synchronous and asynchronous snapshot time, bytes).
 
 Per recovery the summary has the detection time (last heartbeat to loss), the restore time
-(loss to every worker running again) and `back_to_90_s`: loss to the first progress sample
+(loss to every worker running again), `back_to_90_s`: loss to the first progress sample
 after which the read rate, over a 1 s window, is back to 90% of its mean over the 3 s before
-the loss (None when the input ran out first).
+the loss (None when the input ran out first), and `caught_up_s`: loss to every worker having
+read again what it had read before the loss (progress.parquet: per worker, every 0.1 s).
 """
 
 from __future__ import annotations
@@ -65,9 +66,16 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000
 
 
-def add_recovery_times(recoveries: list[dict], samples: list[dict], launched: float) -> None:
+def add_recovery_times(
+    recoveries: list[dict], samples: list[dict], launched: float, per_worker: list[dict] | None = None
+) -> None:
     """Adds `back_to_90_s` to each recovery, from the progress samples (t: seconds since
-    `launched`, read: records read so far)."""
+    `launched`, read: records read so far), and `caught_up_s` from the per-worker ones (t: wall
+    time, worker, read): loss to the first sample in which every worker has read again at least
+    what it had read in the last sample before the loss (None: the run ended first). A worker a
+    mode did not set back (a survivor in nosync) is caught up throughout; one it did, the lost
+    one or every one in a rollback, once it has redone its work."""
+    _add_caught_up(recoveries, per_worker or [])
     pts = [(s["t"], s["read"]) for s in samples]
 
     def rate(t0: float, t1: float) -> float | None:
@@ -89,6 +97,27 @@ def add_recovery_times(recoveries: list[dict], samples: list[dict], launched: fl
             now = rate(t, t + 1.0)
             if now is not None and now >= 0.9 * before:
                 r["back_to_90_s"] = t - lost
+                break
+
+
+def _add_caught_up(recoveries: list[dict], rows: list[dict]) -> None:
+    by_t: dict[float, dict[int, int]] = {}
+    for r in rows:
+        by_t.setdefault(r["t"], {})[r["worker"]] = r["read"]
+    times = sorted(by_t)
+    for rec in recoveries:
+        lost = rec["lost_at"]
+        rec["caught_up_s"] = None
+        before = [t for t in times if t < lost]
+        if not before:
+            continue
+        need = by_t[before[-1]]
+        for t in times:
+            if t <= lost:
+                continue
+            now = by_t[t]
+            if all(now.get(w, 0) >= n for w, n in need.items()):
+                rec["caught_up_s"] = t - lost
                 break
 
 

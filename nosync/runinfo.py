@@ -198,6 +198,7 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
                 "detection_s",
                 "restore_s",
                 "back_to_90_s",
+                "caught_up_s",
                 "records_reprocessed",
                 "steps_replayed",
                 "restored_step",

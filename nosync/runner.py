@@ -34,6 +34,9 @@ from nosync.plan import plan
 from nosync.spark_host import check_slots, get_spark
 from nosync.worker import worker_main
 
+SAMPLE_S = 0.25
+"""How often the run's progress is sampled (throughput.parquet, the progress callback)."""
+
 
 @dataclass
 class RunResult:
@@ -193,7 +196,7 @@ def run(
     workers_seen: dict = {}
     try:
         while True:
-            if coord.wait(0.5):
+            if coord.wait(SAMPLE_S):
                 break
             info = coord.workers_info()
             if info != workers_seen:
@@ -243,8 +246,8 @@ def run(
     p["t"] = end - launched
     samples.append(p)
     if summary.get("recoveries"):
-        metrics.add_recovery_times(summary["recoveries"], samples, launched)
-    metrics.write(run_dir, summary, samples, coord.done, driver_mode.tables())
+        metrics.add_recovery_times(summary["recoveries"], samples, launched, coord.progress_rows)
+    metrics.write(run_dir, summary, samples, coord.done, {**driver_mode.tables(), "progress": coord.progress_rows})
     return RunResult(summary, run_dir)
 
 

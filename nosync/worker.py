@@ -56,7 +56,7 @@ from nosync.plan import PhysicalPlan, plan
 
 log = logging.getLogger("nosync.worker")
 
-HEARTBEAT_S = 0.5
+HEARTBEAT_S = 0.1
 MAX_BACKLOG_FRAMES = 2 * channels.INITIAL_CREDITS
 SETUP_TIMEOUT_S = 120.0
 

@@ -1,10 +1,12 @@
 """`nosync bench recovery`: one of W workers killed mid-run; how long until the run is back.
 
 `keyed_count` over K keys (records = `records_per_key` x K, at least 2M) runs under each mode
-on one embedded Spark session. Once half the records are read and the mode has something to
+on one embedded Spark session, `--reps` times (the modes taking turns; medians reported, every
+run kept under `runs`). Once half the records are read and the mode has something to
 recover from (a completed checkpoint or a safe point), worker W-1's process gets SIGKILL. From
 the run's summary: `recovery_s` (failure to throughput back at 90% of its level before it, from
-the progress samples), `restore_s` (failure to every worker processing again), `detection_s`
+the progress samples), `caught_up_s` (failure to every worker having read again what it had read
+before it: the work lost, redone), `restore_s` (failure to every worker processing again), `detection_s`
 (how long the lost worker had been silent when its loss was seen: an upper bound of the
 detection delay), and `records_reprocessed` (records read again because of the failure).
 """
@@ -24,6 +26,7 @@ def run(
     records: int | None = None,
     master: str | None = None,
     interval_ms: int = 1000,
+    reps: int = 1,
     progress: Any = lambda m: None,
 ) -> dict:
     from experiments.measure import recovery
@@ -38,23 +41,47 @@ def run(
         "keys": keys,
         "records": records,
         "interval_ms": interval_ms,
+        "reps": reps,
         "modes": {},
     }
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     work = tempfile.mkdtemp(prefix="nosync-bench-recovery-")
     try:
-        for mode in modes:
-            progress(f"mode {mode}: keyed_count, {keys:,} keys, {records:,} records")
-            out["modes"][mode] = recovery(
-                spark, os.path.join(work, mode), mode, workers, keys, records, interval_ms, progress=progress
-            )
+        for rep in range(reps):
+            # the modes take turns, so that a slow spell of the machine falls on each alike
+            for mode in modes:
+                progress(f"mode {mode}, run {rep + 1}/{reps}: keyed_count, {keys:,} keys, {records:,} records")
+                d = os.path.join(work, f"{mode}-{rep}")
+                runs[mode].append(recovery(spark, d, mode, workers, keys, records, interval_ms, progress=progress))
+                shutil.rmtree(d, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for mode, got in runs.items():
+        out["modes"][mode] = {**_medians(got), "runs": got}
+    return out
+
+
+def _medians(runs: list[dict]) -> dict:
+    """Per field, the median over the runs that have it (a run whose input ended before the
+    throughput came back has no recovery_s: `<field>_missing` counts those)."""
+    out: dict = {}
+    for f in runs[0]:
+        vals = [r.get(f) for r in runs]
+        nums = sorted(v for v in vals if isinstance(v, int | float) and not isinstance(v, bool))
+        if nums:
+            mid = len(nums) // 2
+            out[f] = nums[mid] if len(nums) % 2 else (nums[mid - 1] + nums[mid]) / 2
+            if len(nums) < len(vals):
+                out[f"{f}_missing"] = len(vals) - len(nums)
+        else:
+            out[f] = vals[0] if len(set(map(repr, vals))) == 1 else None
     return out
 
 
 def render(r: dict) -> str:
     fields = [
         "recovery_s",
+        "caught_up_s",
         "restore_s",
         "detection_s",
         "records_reprocessed",

@@ -45,8 +45,6 @@ class NosyncMode(Mode):
         self.recovering: dict[int, dict] = {}
         self.recoveries: list[dict] = []
         self.last_broadcast = 0.0
-        self.last_sample = 0.0
-        self.progress_rows: list[dict] = []
         self.threshold = self.options.get("replay_threshold_records")
         self.spark: Any = None
         self.spec: dict = {}
@@ -146,14 +144,6 @@ class NosyncMode(Mode):
             if gen == coord.gen:
                 coord.send(w, {"type": "mode", "op": "span_done", "gen": gen, **result})
         now = time.monotonic()
-        if now - self.last_sample >= 0.25:
-            # per-worker progress over time: what a recovery cost the workers that did not fail
-            self.last_sample = now
-            t = time.time()
-            for w, c in sorted(coord.counters.items()):
-                self.progress_rows.append(
-                    {"t": t, "worker": w, "read": int(c.get("read", 0)), "committed": int(c.get("committed", 0))}
-                )
         if not self.changed or now - self.last_broadcast < BROADCAST_GAP_S:
             return
         self.changed = False
@@ -268,4 +258,4 @@ class NosyncMode(Mode):
         }
 
     def tables(self) -> dict[str, list[dict]]:
-        return {"safe_points": self.safe_rows, "progress": self.progress_rows}
+        return {"safe_points": self.safe_rows}
