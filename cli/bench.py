@@ -168,7 +168,7 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
 @click.option("--modes", default="abs", show_default=True, help="Comma-separated modes that recover.")
 @click.option("--workers", type=click.IntRange(min=2), default=2, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
-@click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(2M, 4 x keys).")
+@click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(8M, 8 x keys).")
 @click.option(
     "--interval-ms",
     type=click.IntRange(min=1),

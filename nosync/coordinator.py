@@ -256,7 +256,14 @@ class Coordinator:
                 with self._lock:
                     counts = sorted(self.counters.items())
                 self.progress_rows.extend(
-                    {"t": t, "worker": w, "read": int(c.get("read", 0)), "committed": int(c.get("committed", 0))}
+                    {
+                        "t": t,
+                        "worker": w,
+                        "attempt": int(c.get("attempt", 0)),
+                        "positioned": bool(c.get("positioned", True)),
+                        "read": int(c.get("read", 0)),
+                        "committed": int(c.get("committed", 0)),
+                    }
                     for w, c in counts
                 )
             if not self.finished and self.failure is None:
@@ -331,16 +338,17 @@ class Coordinator:
         Committed output never shrinks, so neither does its count: a restored worker's count
         climbs back through what its lost attempt had committed (its commits are idempotent)."""
         prev = self.counters.get(w) or {}
+        own = {"attempt": self.attempts.get(w, 0), "positioned": msg.get("read") is not None}
         if msg.get("read") is None:
-            return {**msg, "read": prev.get("read", 0), "committed": prev.get("committed", 0)}
+            return {**msg, **own, "read": prev.get("read", 0), "committed": prev.get("committed", 0)}
         if msg["read"] < prev.get("read", 0):
             # a restored position: the run's progress is sampled at once, so that its time
             # series shows the drop whole, before the worker reads on. REQUIRES: _lock held
             self._sample_now = True
             self._changed.notify_all()
         if msg.get("committed", 0) < prev.get("committed", 0):
-            return {**msg, "committed": prev["committed"]}
-        return msg
+            return {**msg, **own, "committed": prev["committed"]}
+        return {**msg, **own}
 
     def _register(self, w: int, conn: channels.Connection, msg: dict) -> None:
         attempt = int(msg.get("attempt", 0))

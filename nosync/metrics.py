@@ -101,9 +101,9 @@ def add_recovery_times(
 
 
 def _add_caught_up(recoveries: list[dict], rows: list[dict]) -> None:
-    by_t: dict[float, dict[int, int]] = {}
+    by_t: dict[float, dict[int, dict]] = {}
     for r in rows:
-        by_t.setdefault(r["t"], {})[r["worker"]] = r["read"]
+        by_t.setdefault(r["t"], {})[r["worker"]] = r
     times = sorted(by_t)
     for rec in recoveries:
         lost = rec["lost_at"]
@@ -111,12 +111,18 @@ def _add_caught_up(recoveries: list[dict], rows: list[dict]) -> None:
         before = [t for t in times if t < lost]
         if not before:
             continue
-        need = by_t[before[-1]]
+        need = {w: r["read"] for w, r in by_t[before[-1]].items()}
+        start = max(lost, rec.get("restored_at", lost))
         for t in times:
-            if t <= lost:
+            if t <= start:
                 continue
             now = by_t[t]
-            if all(now.get(w, 0) >= n for w, n in need.items()):
+            # the lost worker counts once its next attempt has a restored position of its own:
+            # until then the samples keep the count its lost attempt had last reported
+            again = now.get(rec["worker"], {})
+            if again.get("attempt", 0) <= rec.get("attempt", 0) or not again.get("positioned", True):
+                continue
+            if all(now.get(w, {}).get("read", 0) >= n for w, n in need.items()):
                 rec["caught_up_s"] = t - lost
                 break
 

@@ -429,6 +429,7 @@ class Worker:
         self._parts: dict[int, Any] = {}
         self._dl_file = None
         self._pending_credits: dict[int, int] = {}
+        self._credited_ahead: dict[int, int] = {}
         self._latencies: list = []
         self._last_commit_at: float | None = None
         self._next_beat = 0.0
@@ -653,6 +654,7 @@ class Worker:
             c.close()
         self.out, self.inc = {}, {}
         self._pending_credits = {}
+        self._credited_ahead = {}
         for s in self.sinks:
             self._latencies.extend(s.latencies)
             if s.last_commit_at is not None:
@@ -720,6 +722,21 @@ class Worker:
 
     def credit(self, j: int) -> None:
         """One more frame from worker `j` was processed (or dropped): return credits in bulk."""
+        ahead = self._credited_ahead.get(j)
+        if ahead:
+            # its credit went back when it arrived (`credit_ahead`)
+            self._credited_ahead[j] = ahead - 1
+            return
+        self._return_credit(j)
+
+    def credit_ahead(self, j: int) -> None:
+        """Credits a frame from worker `j` that is held, not yet processed: its sender goes on
+        (a worker that replays holds what its peers send meanwhile). Its own `credit`, once
+        it is processed, returns nothing."""
+        self._return_credit(j)
+        self._credited_ahead[j] = self._credited_ahead.get(j, 0) + 1
+
+    def _return_credit(self, j: int) -> None:
         n = self._pending_credits.get(j, 0) + 1
         if n >= channels.INITIAL_CREDITS // 4:
             c = self.inc.get(j)
@@ -964,6 +981,7 @@ class Worker:
                 self._detach(c)
         if j not in self.inc:
             self._pending_credits.pop(j, None)
+            self._credited_ahead.pop(j, None)
         self.hooks.on_peer_down(self, j, attempt)
 
     def attach(self, j: int, conn: channels.Connection, direction: str) -> None:
@@ -975,6 +993,7 @@ class Worker:
         conns[j] = conn
         if direction == "in":
             self._pending_credits.pop(j, None)
+            self._credited_ahead.pop(j, None)
         if self.sel is not None:
             self.sel.register(conn.sock, selectors.EVENT_READ, (direction, j, conn))
 

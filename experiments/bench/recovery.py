@@ -1,6 +1,6 @@
 """`nosync bench recovery`: one of W workers killed mid-run; how long until the run is back.
 
-`keyed_count` over K keys (records = `records_per_key` x K, at least 2M) runs under each mode
+`keyed_count` over K keys (8 x K records, at least 8M) runs under each mode
 on one embedded Spark session, `--reps` times (the modes taking turns; medians reported, every
 run kept under `runs`). Once half the records are read and the mode has something to
 recover from (a completed checkpoint or a safe point), worker W-1's process gets SIGKILL. From
@@ -32,7 +32,9 @@ def run(
     from experiments.measure import recovery
     from nosync.spark_host import get_spark
 
-    records = records or max(2_000_000, 4 * keys)
+    # the kill comes at half the records: the other half must outlast the recovery, or a
+    # survivor that went on ends its input before the throughput could come back
+    records = records or max(8_000_000, 8 * keys)
     # mode replay recomputes with batch jobs beside the W streaming tasks: 2W slots
     spark = get_spark(master, 2 * workers if "replay" in modes else workers)
     out: dict[str, Any] = {

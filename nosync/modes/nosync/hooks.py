@@ -78,6 +78,10 @@ POINT_S = 0.05
 """The longest a step stays without a lineage point (when no sink frontier moved meanwhile)."""
 POINT_GAP_S = 0.01
 """The shortest time between two lineage points (a sink's frontier that moved asks for one)."""
+AHEAD_RECORDS = 500_000
+"""Records a replaying worker holds credited, of the frames its peers send meanwhile: they go on
+at full speed while it replays (about 50 MB held). Beyond it, a frame that arrives waits for its
+credit until the replay processes it."""
 PERSISTED = -1
 """The stash's mark for what lineage points persisted (as a peer's mark is for what it got)."""
 
@@ -176,6 +180,9 @@ class NosyncHooks(WorkerHooks):
         self.pc_epochs: dict[str, dict[int, int]] = {}
         self.safe = -1
         self.queue: dict[int, deque] = {}
+        self.ahead: dict[int, dict[int, int]] = {}
+        """Per peer, the frames of `queue` credited on arrival (chan_seq -> records)."""
+        self.ahead_records = 0
         self.replaying = False
         self.pc_at: dict[int, list] = {}
         """During a replay: step -> the pre-commits a lineage point made right after it."""
@@ -268,12 +275,21 @@ class NosyncHooks(WorkerHooks):
         self._take_lineage(h)
         if self.replaying or self.queue.get(j):
             self.queue.setdefault(j, deque()).append(f)
+            if self.replaying and self.ahead_records < AHEAD_RECORDS:
+                # held while the replay goes on: credited now, so that the sender goes on too
+                n = len(f.body) if f.kind == frames.DATA and isinstance(f.body, list) else 1
+                self.ahead.setdefault(j, {})[seq] = n
+                self.ahead_records += n
+                worker.credit_ahead(j)
             return False
         self.consume(j, seq, h)
         return True
 
     def consume(self, j: int, seq: int, h: dict) -> None:
         """Logs the step that processes frame `seq` from worker `j`."""
+        ahead = self.ahead.get(j)
+        if ahead:
+            self.ahead_records -= ahead.pop(seq, 0)
         self._log(("i", j, seq))
         self.consumed[j] = seq
         self.fps.setdefault(j, {})[seq] = h.get("fp")
@@ -353,6 +369,7 @@ class NosyncHooks(WorkerHooks):
         if peer not in worker.inc:
             # frames of it received but not processed come again
             self.queue.pop(peer, None)
+            self.ahead_records -= sum(self.ahead.pop(peer, {}).values())
             self.received[peer] = self.consumed.get(peer, 0)
 
     def on_control(self, worker: Any, message: dict) -> None:

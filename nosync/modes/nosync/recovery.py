@@ -44,6 +44,8 @@ from nosync.modes.nosync.layout import LINEAGE, META, OUT, store_state, unpack
 from nosync.operators import MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
 
 REPLAY_TIMEOUT_S = 120.0
+POLL_S = 0.005
+"""How often a replay takes the frames and control messages that arrived."""
 
 
 def recover(h: Any, worker: Any) -> None:
@@ -192,9 +194,11 @@ class BulkLoader:
             worker.hooks.load_s = self.seconds
         return not self.ops
 
-    def wait(self) -> None:
-        """Blocks until every operator's state is loaded."""
-        self._thread.join()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until every operator's state is loaded (at most `timeout` seconds); True
+        once it is."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop = True
@@ -231,7 +235,8 @@ def replay(h: Any, worker: Any) -> None:
             # a key the replay touches would otherwise be read alone, run by run: the load
             # does that work once, for every key (and it went on while the LINEAGE frames came)
             t0 = time.perf_counter()
-            h.loader.wait()
+            while not h.loader.wait(POLL_S):
+                pump(0)  # the peers' frames are taken meanwhile: they go on
             h.loader.install_done(worker)
             h.load_wait_s = time.perf_counter() - t0
         if h.threshold and h.alone:
@@ -240,14 +245,18 @@ def replay(h: Any, worker: Any) -> None:
             entries = entries[taken:]
         elif h.threshold and h.span_reason is None:
             h.span_reason = "every worker restored (a regroup): the span job is for one worker recovering alone"
+        polled = time.perf_counter()
         for step, entry in entries:
             execute(h, worker, entry, pump)
             h.replayed_steps += 1
             pcs = h.pc_at.pop(int(step), None)
             if pcs:
                 precommit_again(h, worker, pcs)
-            if h.replayed_steps & 0xFF == 0:
+            if time.perf_counter() - polled >= POLL_S:
+                # what the peers send meanwhile is taken (and credited) as it comes, so that
+                # they go on while this worker replays
                 pump(0)
+                polled = time.perf_counter()
                 if h.loader is not None:
                     h.loader.install_done(worker)
     finally:
