@@ -17,6 +17,7 @@ NAMES = (
     "recovery-vs-failure-point",
     "scaling",
     "snapshot-size",
+    "budget",
 )
 
 

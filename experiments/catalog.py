@@ -311,8 +311,9 @@ def _recovery_state_points(quick: bool) -> list[dict]:
     sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
     pts = []
     for keys in sizes:
-        # long enough that the kill, at half the records, comes after abs's first checkpoint
-        records = max(1_000_000 if quick else 2_000_000, 4 * keys)
+        # long enough that the kill, at half the records, comes after abs's first checkpoint,
+        # and (the full grid, as `bench recovery`) that the input outlasts the recovery
+        records = max(1_000_000, 4 * keys) if quick else max(8_000_000, 8 * keys)
         pts += [
             {"mode": m, "tier": t, "workers": 2, "records": records, "keys": keys, "interval_ms": 1000}
             for m, t in RECOVERY_VARIANTS

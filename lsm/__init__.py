@@ -3,12 +3,13 @@
 Every fault-tolerance mode of nosync keeps operator state here; the package knows nothing of
 dataflow. A store holds named states. Each `append(seq, runs)`, at a strictly increasing seq,
 gives some states a **run**: their changed keys and values (deletions marked) as columns, each
-encoded by one msgpack call, with a sorted key-hash column; no Python runs per key on the
-caller's thread or in the background. Reads name a seq inside the retention window:
-`get(state, key, as_of=s)` binary-searches the state's runs newest first, skipping runs whose
-key-hash range cannot hold the key; `load(state, as_of=s)` applies the runs in order, each by
-`dict.update` over its decoded columns. `rollback(s)` makes the store exactly what it was
-after s, on every tier.
+encoded by one msgpack call (an append's run is neither hashed nor sorted: a merge adds the
+sorted key-hash column); no Python runs per key on the caller's thread or in the background.
+Reads name a seq inside the retention window: `get(state, key, as_of=s)` looks in the state's
+runs newest first (an append's run as a dict decoded once; a merged run by binary search of its
+hashes, whose range skips runs that cannot hold the key); `load(state, as_of=s)` applies the
+runs in order, each by `dict.update` over its decoded columns. `rollback(s)` makes the store
+exactly what it was after s, on every tier.
 
 Writes never wait on disk. A background persister encodes the runs, writes them to a local log
 of checksummed records (one write + fsync for everything appended since the last, so

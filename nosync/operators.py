@@ -376,18 +376,47 @@ class _LogsOutput(KeyedOp):
     """An operator whose output is, record by record, (key, the key's new state): its updates
     are logged as it emits them, packed while they are at hand, so that a snapshot gathers
     nothing. A batch whose states are not plain msgpack values (a tuple or another container
-    whose type must come back) is noted as changed keys instead."""
+    whose type must come back) is noted as changed keys instead.
+
+    When keys repeat within an interval, the changed keys are the smaller record: once an
+    interval logged more than twice as many updates as the operator has keys, the next ones
+    note changed keys (a snapshot writes each once, with its value then); once fewer than
+    half the updates noted were of keys not noted before, they are logged again. Either way a
+    snapshot's run holds the pairs logged, then the changed keys, the latter winning."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__(node)
+        self.by_keys = False
+        """Whether updates are noted as changed keys rather than logged as pairs."""
+        self._noted = 0
 
     def note_changes(self, records: list, out: list | None) -> None:
         if not out:
             return
-        if set(map(type, map(_second, out))) <= _PLAIN:
+        self._noted += len(out)
+        if not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN:
             try:
                 self.pairs.append((len(out), _PAIRS.pack(out)))
                 return
             except (OverflowError, ValueError, TypeError):
                 _PAIRS.reset()
         self.dirty.update(map(_first, out))
+
+    def take_updates(self) -> Updates:
+        logged = sum(n for n, _ in self.pairs)
+        noted, self._noted = self._noted, 0
+        u = super().take_updates()
+        if not noted:
+            return u
+        if not self.by_keys:
+            self.by_keys = logged > 2 * len(self.state)
+        else:
+            self.by_keys = 2 * len(u.keys) <= noted
+        return u
+
+    def forget_updates(self) -> None:
+        super().forget_updates()
+        self._noted = 0
 
 
 class ReduceOp(_LogsOutput):

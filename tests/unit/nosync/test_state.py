@@ -613,3 +613,43 @@ def test_output_epochs_are_the_running_max(pushes):
         top = max(top, epoch)
         expected.append(top)
     assert [e for _, e in out.batches] == expected
+
+
+def test_a_count_logs_pairs_while_keys_are_new_and_changed_keys_while_they_repeat(tmp_path):
+    """An aggregate of ints logs its updates as pairs; an interval that updated its keys more
+    than twice each on average makes it note changed keys instead, and an interval whose keys
+    are mostly new makes it log pairs again. The store holds the same counts either way."""
+    p = ns.Pipeline("p")
+    op = make_op(source(p, "s").key_by(lambda r: r[0]).aggregate(lambda: 0, lambda a, v: a + v, name="c").node)
+    wire(op, CHANNELS)
+    track(op)
+    counts: collections.Counter = collections.Counter()
+    store = lsm.Store(str(tmp_path / "s"))
+
+    def push(records, epoch):
+        op.push(records, epoch, C0)
+        for k, v in records:
+            counts[k] += v
+
+    def snapshot(seq):
+        u = op.take_updates()
+        store.append(seq, {"c": u})
+        return u
+
+    push([(f"k{i % 10}", 1) for i in range(100)], 0)  # 100 updates of 10 keys
+    u = snapshot(1)
+    assert sum(n for n, _ in u.pairs) == 100 and not u.keys and op.by_keys
+    push([(f"k{i % 10}", 2) for i in range(50)], 1)
+    u = snapshot(2)
+    assert not u.pairs and sorted(u.keys) == [f"k{i}" for i in range(10)] and op.by_keys
+    assert store.load("c") == dict(counts)
+    push([(f"n{i}", 1) for i in range(40)], 2)  # 40 new keys: most updates of keys not noted before
+    u = snapshot(3)
+    assert len(u.keys) == 40 and not op.by_keys
+    push([(f"m{i}", 1) for i in range(30)] + [("k1", 5)], 3)
+    u = snapshot(4)
+    assert sum(n for n, _ in u.pairs) == 31 and not u.keys
+    assert store.load("c") == dict(counts)
+    # after seq 2: 10 updates of 1 and 5 of 2 per key
+    assert store.load("c", as_of=2) == {f"k{i}": 20 for i in range(10)}
+    store.close()
