@@ -60,7 +60,8 @@ def workload_params(name: str, tmp_path) -> dict:
         big_text(tmp_path / "b.txt", 200_000)
         return {"input": str(tmp_path / "*.txt")}
     if name == "keyed_count":
-        return {"records": "3000000", "keys": "20000"}
+        # long enough for three kills at W = 3 (at 3M records a nosync run ended before its third)
+        return {"records": "5000000", "keys": "20000"}
     return {"bids": "1500000"}
 
 
