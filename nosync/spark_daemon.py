@@ -1,0 +1,22 @@
+"""The PySpark daemon of nosync's executors (`spark.python.daemon.module`).
+
+PySpark's daemon forks one process per task, and each imports its worker code after the fork:
+pyspark's worker module, then nosync's runtime, the state store, pyarrow and LevelDB, about a
+quarter of a second. A worker that Spark's retry starts after a failure pays that before it can
+register. This daemon imports them once, before it forks, so every task starts with them loaded
+(shared by the fork, copied on write), then runs PySpark's own daemon loop.
+"""
+
+from __future__ import annotations
+
+import pyspark.worker  # noqa: F401 - loaded before the fork: see above
+from pyspark import daemon
+
+import nosync.modes.abs  # noqa: F401
+import nosync.modes.nosync.hooks  # noqa: F401
+import nosync.modes.nosync.recovery  # noqa: F401
+import nosync.modes.replay  # noqa: F401
+import nosync.worker  # noqa: F401
+
+if __name__ == "__main__":
+    daemon.manager()
