@@ -30,12 +30,13 @@ from nosync.errors import AuthError, FrameError, RunFailed
 log = logging.getLogger("nosync.coordinator")
 
 HEARTBEAT_TIMEOUT_S = 30.0
-PROGRESS_S = 0.1
-"""How often the per-worker progress is sampled (the workers' counters come every HEARTBEAT_S)."""
 """A worker silent this long is lost. A killed worker's connection drops at once; this bound is
 for one that hangs, so it must exceed the longest step a busy worker takes between two
 heartbeats (replaying what an alignment held, a large snapshot): at 5 s, busy workers of
 nexmark were taken for dead in chaos runs and recovered for nothing."""
+PROGRESS_S = 0.1
+"""How often the per-worker progress is sampled (the workers' counters come with their
+heartbeats, every `worker.HEARTBEAT_S`)."""
 
 
 class Coordinator:

@@ -10,7 +10,9 @@ The new attempt opens its store and restores:
 - the lineage points after the snapshot: the entries they persisted (its own steps up to its
   durable point, and the others' it held) and where each pre-committed its sinks;
 - keyed state in bulk (`BulkLoader`): each keyed operator's runs are decoded and applied on a
-  background thread at C speed, while the replay goes on; a key a record touches before its
+  background thread at C speed, while the LINEAGE frames are exchanged; a replay waits for it
+  (taking its peers' frames meanwhile), since it would otherwise read most keys alone; with
+  nothing to replay the worker runs live at once, and a key a record touches before its
   operator's load is done is read alone from the store (`Store.get`). When a load is done, the
   loaded dict becomes the operator's state (the keys touched meanwhile win) and the per-key
   path leaves the hot loop. Windows and joins load before the replay (a window closes over
@@ -257,8 +259,6 @@ def replay(h: Any, worker: Any) -> None:
                 # they go on while this worker replays
                 pump(0)
                 polled = time.perf_counter()
-                if h.loader is not None:
-                    h.loader.install_done(worker)
     finally:
         h.replaying = False
     h.drain(worker)
