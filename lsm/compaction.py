@@ -28,10 +28,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from lsm.disk import RunRef
+from lsm.errors import PersistError
+from lsm.keys import decode_key
 from lsm.run import RunView, image, merge
 
 if TYPE_CHECKING:
-    from lsm.disk import RunRef
     from lsm.store import Store
 
 
@@ -124,8 +126,6 @@ class Compactor:
             if budget < 1:
                 self._rest_until = time.monotonic() + cpu * (1 / budget - 1)
         except Exception as e:  # noqa: BLE001 - reported as the store's error, retried later
-            from lsm.errors import PersistError
-
             with s._cond:
                 s._error = e if isinstance(e, PersistError) else PersistError("disk", s.path, e)
                 s._failures += 1
@@ -197,8 +197,6 @@ class Compactor:
 
     def _view(self, ref: RunRef) -> RunView:
         data = self.s._disk.read(ref)
-        from lsm.keys import decode_key
-
         return RunView(data, f"{self.s.path}: run of state {decode_key(ref.state)[0]!r} at seq {ref.hi}")
 
     def _base_image(self, h: int, full: bool, report: dict) -> None:
@@ -217,8 +215,6 @@ class Compactor:
         remote tier, with every version a read at or after `horizon` (default `h`) can see;
         deletes the remote files it makes redundant, and returns how many states it holds. A
         failure is the remote tier's (PersistError)."""
-        from lsm.errors import PersistError
-
         s = self.s
         remote = s.remote
         with s._cond:

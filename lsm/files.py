@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 
@@ -99,7 +101,6 @@ def copy_store(src: str, dst: str) -> None:
     manifest; a torn tail of the store's log is cut). LevelDB's tables are hard links where
     the file system allows (they are never written again, and removing a link leaves the
     other), every other file a copy; lock files are left out."""
-    import shutil
 
     def link_or_copy(s: str, d: str) -> str:
         if s.endswith(TABLE_SUFFIXES):
@@ -120,9 +121,6 @@ def scratch_near(path: str, prefix: str) -> Iterator[str]:
     rather than copying them: under the temporary directory when that is on the store's file
     system, else beside `path` (a hidden name), else under the temporary directory after
     all."""
-    import shutil
-    import tempfile
-
     made = None
     try:
         if os.stat(tempfile.gettempdir()).st_dev != os.stat(path).st_dev:

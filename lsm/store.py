@@ -33,6 +33,7 @@ from lsm import files
 from lsm.codec import TOMBSTONE, key_hash, pack_column, pack_keys, pack_values, unpack_keys
 from lsm.disk import DiskTier, RunRef
 from lsm.errors import (
+    CorruptLogError,
     KeyEncodingError,
     LsmError,
     PersistError,
@@ -45,9 +46,10 @@ from lsm.errors import (
 from lsm.keys import KEY_TYPES, MAX_SEQ, check_key_column, decode_key, encode_key
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
+from lsm.persister import Persister
 from lsm.records import Record
 from lsm.remote import RemoteTier
-from lsm.run import MISSING, PendingRun, RunView, join_pairs
+from lsm.run import MISSING, PendingRun, RunView, join_pairs, truncate
 
 LEVELS = ("memory", "disk", "remote")
 DEFAULT_REMOTE = ""
@@ -215,8 +217,6 @@ class Store:
             self._release_handles()
             raise
         self._closed = False
-        from lsm.persister import Persister
-
         self._persister = Persister(self)
         self._persister.start()
 
@@ -293,8 +293,6 @@ class Store:
         try:
             body = unpack_keys(rec.packed)
         except Exception as e:  # noqa: BLE001 - msgpack raises several types
-            from lsm.errors import CorruptLogError
-
             raise CorruptLogError(self.path, rec.offset, f"log record of seq {rec.seq} is not runs: {e}") from e
         runs = {
             bytes(state): RunView(
@@ -727,8 +725,6 @@ class Store:
         go, a merged run across it is cut back, the remote tier and the log lose what is above
         it, and the intent is cleared. Returns the runs removed and added. REQUIRES: tier lock
         held (or no other thread yet: an open finishing a rollback)."""
-        from lsm.run import truncate
-
         removed: list[RunRef] = []
         added: list[tuple[bytes, bytes]] = []
         by_state: dict[bytes, list[RunRef]] = {}
