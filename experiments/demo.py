@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from experiments.chaos import committed_outputs, compare
+from experiments.common import MODE_COLORS
 from experiments.measure import KEYED_COUNT, recovery, steady
 
 INTERVAL_MS = 1000
@@ -83,8 +84,6 @@ def figure(out: str, results: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pyarrow.parquet as pq
-
-    from experiments.catalog import MODE_COLORS
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for mode, r in results.items():

@@ -1,9 +1,9 @@
 """The experiment harness: a declared grid of points, each measured `reps` times, resumable.
 
-An experiment (see `experiments/catalog.py`) declares its points (dicts of parameters) for the
-full grid and for `--quick`, how many repetitions, and how to measure one point. The harness
-runs every (point, repetition) not measured yet, on one Spark session sized for the whole
-grid, and appends each result as one row to the experiment's Parquet table, a directory of
+An experiment (a module each, assembled in `experiments/catalog.py`) declares its points
+(dicts of parameters) for the full grid and for `--quick`, how many repetitions, and how to
+measure one point. The harness runs every (point, repetition) not measured yet, on one Spark
+session sized for the whole grid, and appends each result as one row to the experiment's Parquet table, a directory of
 one file per row:
 
     OUT/<experiment>/<point id>-r<rep>.parquet

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from experiments import catalog, harness, report
-from experiments.catalog import EXPERIMENTS, agg
+from experiments import harness, overhead, report
+from experiments.catalog import EXPERIMENTS
+from experiments.common import agg
 from nosync.errors import NosyncError
 
 
@@ -51,7 +52,7 @@ def test_overhead_reading_gives_ratios_to_none():
         {"mode": "abs", "interval_ms": 1000, "records_per_s": 180.0, "latency_p99_ms": 20.0},
         {"mode": "nosync", "interval_ms": 100, "records_per_s": 150.0, "latency_p99_ms": 60.0},
     ]
-    text = " ".join(catalog._overhead_reading(rows))
+    text = " ".join(overhead.reading(rows))
     # none's mean is 200 records/s and 20 ms
     assert "Throughput of abs: 0.50x none at 100 ms, 0.90x none at 1000 ms." in text
     assert "Latency p99 of abs is 2.0x none's at 100 ms and 1.0x at 1000 ms." in text
