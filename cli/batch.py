@@ -28,8 +28,8 @@ def batch_cmd(pipeline_file, workers, master, run_dir, epoch_records, batch_size
     """Run PIPELINE_FILE over bounded input as Spark batch jobs, one per stage between
     exchanges, with the streaming operators' own code; the committed output is the one a
     streaming run commits."""
-    from nosync.batch import run_batch
     from nosync.errors import NosyncError, PipelineError
+    from nosync.spark.batch import run_batch
 
     try:
         r = run_batch(

@@ -24,8 +24,8 @@ import click
 def diff_cmd(output_a, output_b, key, out_path, as_json) -> None:
     """Compare the committed outputs OUTPUT_A and OUTPUT_B (directories of a Files or LevelDB
     sink). Exit code 0: the same; 1: they differ; 2: they cannot be compared."""
-    from nosync.diff import diff_outputs
     from nosync.errors import NosyncError
+    from nosync.tools.diff import diff_outputs
 
     try:
         s = diff_outputs(output_a, output_b, out_path, key=key)

@@ -19,7 +19,7 @@ def inspect_cmd(run_dir, as_json) -> None:
     """Show RUN_DIR: pipeline and mode, epochs and safe points, checkpoints (abs), durable
     points and storage per tier (nosync), recoveries and what each cost."""
     from nosync.errors import NosyncError
-    from nosync.runinfo import inspect_run
+    from nosync.tools.runinfo import inspect_run
 
     try:
         info = inspect_run(run_dir)

@@ -40,7 +40,7 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from,
     epoch --to-epoch, and re-execute from there with the run's pipeline or a changed one
     (--pipeline), into a separate output. The run itself is not changed."""
     from nosync.errors import NosyncError, PipelineError, RunFailed
-    from nosync.rewind import rewind
+    from nosync.tools.rewind import rewind
 
     try:
         r = rewind(

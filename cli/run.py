@@ -147,8 +147,8 @@ def run_cmd(
     params,
 ) -> None:
     """Run PIPELINE_FILE (a Python file defining `pipeline` or `build(args)`)."""
+    from nosync.driver.runner import run
     from nosync.errors import NosyncError, PipelineError, RunFailed
-    from nosync.runner import run
 
     if epoch_records and epoch_ms:
         raise click.UsageError("give --epoch-records or --epoch-ms, not both")

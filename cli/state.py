@@ -52,10 +52,10 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
     the sources. It is the same under every mode."""
     from lsm.files import scratch_near
     from lsm.keys import encode_key
-    from nosync.batch import keyed_state
+    from nosync.api.loader import load_pipeline
     from nosync.errors import NosyncError, PipelineError, RunFailed
-    from nosync.loader import load_pipeline
-    from nosync.rewind import choose_start
+    from nosync.spark.batch import keyed_state
+    from nosync.tools.rewind import choose_start
 
     meta_path = os.path.join(run_dir, "run.json")
     if not os.path.isfile(meta_path):

@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from nosync.errors import NosyncError, RunFailed
-from nosync.worker import dead_letter_record
+from nosync.runtime.worker import dead_letter_record
 
 PAUSE_S = (0.3, 1.5)
 """How long a pause of the second failure-free run stops a worker, drawn uniformly: about as
@@ -100,8 +100,8 @@ def canonical(record: Any) -> str:
 def committed_outputs(pipeline_file: str, params: dict) -> dict[str, tuple[str, Any]]:
     """Per sink name: ("multiset", Counter of records) or ("map", {key: value}), or
     ("unjudged", None) for sinks that keep nothing (Null, Console)."""
-    from nosync import sinks
-    from nosync.loader import load_pipeline
+    from nosync.api import sinks
+    from nosync.api.loader import load_pipeline
 
     p = load_pipeline(pipeline_file, params)
     out: dict[str, tuple[str, Any]] = {}

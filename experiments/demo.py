@@ -35,7 +35,7 @@ ROWS = (
 
 
 def run(out: str, records: int, keys: int, say: Any = print) -> dict:
-    from nosync.spark_host import get_spark
+    from nosync.spark.session import get_spark
 
     spark = get_spark(None, 2)
     params = {"records": str(records), "keys": str(keys), "skew": "0.0", "seed": "1"}

@@ -197,7 +197,7 @@ def run(
     The Spark session has at least `slots` task slots (so that a session sized for several
     experiments is reused by each).
     A run that does not commit all its records fails the experiment (RunFailed)."""
-    from nosync.spark_host import get_spark
+    from nosync.spark.session import get_spark
 
     todo = plan(exp, quick, seed, overrides, strict)
     os.makedirs(table_dir(out, exp.name), exist_ok=True)

@@ -72,7 +72,7 @@ def _run(
     **extra: Any,
 ) -> dict:
     """keyed_count through `nosync run`'s code; its summary, once every record was committed."""
-    from nosync.runner import run as run_pipeline
+    from nosync.driver.runner import run as run_pipeline
 
     result = run_pipeline(
         KEYED_COUNT,

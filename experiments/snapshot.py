@@ -11,8 +11,8 @@ import msgpack
 from experiments.common import FT, MODE_COLORS, agg, draw_lines, fmt, mean_sd, pyplot, save, with_variant, worker_slots
 from experiments.harness import Experiment
 from experiments.measure import KEYED_COUNT, steady
-from nosync.batch import keyed_state
-from nosync.runinfo import inspect_run
+from nosync.spark.batch import keyed_state
+from nosync.tools.runinfo import inspect_run
 
 
 def points(quick: bool) -> list[dict]:

@@ -17,14 +17,15 @@ coordinator registers them, watches their heartbeats and applies the chosen mode
 The engine builds on `lsm`, the versioned state store, and `lineage`, the dependency planning.
 """
 
-from nosync import modes, sinks, sources
+from nosync import modes
+from nosync.api import sinks, sources
+from nosync.api.pipeline import KeyedStream, Pipeline, Stream
 from nosync.errors import NosyncError, PipelineError, RunFailed
-from nosync.pipeline import KeyedStream, Pipeline, Stream
 
 
 def run(pipeline_file: str, **options):  # noqa: ANN201 - see nosync.runner.run
     """Runs a pipeline file; see `nosync.runner.run` for the options."""
-    from nosync.runner import run as _run
+    from nosync.driver.runner import run as _run
 
     return _run(pipeline_file, **options)
 

@@ -21,9 +21,9 @@ WORKLOAD = os.path.join(os.path.dirname(HERE), "workloads", "keyed_count.py")
 def run(
     workers: int, records: int, keys: int, reps: int = 2, master: str | None = None, progress=lambda m: None
 ) -> dict:
-    from nosync.batch import run_batch
-    from nosync.runner import run as run_pipeline
-    from nosync.spark_host import get_spark
+    from nosync.driver.runner import run as run_pipeline
+    from nosync.spark.batch import run_batch
+    from nosync.spark.session import get_spark
 
     spark = get_spark(master, workers)
     work = tempfile.mkdtemp(prefix="nosync-bench-batch-")

@@ -42,7 +42,7 @@ def run(
     progress: Any = lambda m: None,
 ) -> dict:
     from experiments.measure import steady
-    from nosync.spark_host import get_spark
+    from nosync.spark.session import get_spark
 
     spark = get_spark(master, workers)
     best: dict[str, dict] = {}

@@ -30,7 +30,7 @@ def run(
     progress: Any = lambda m: None,
 ) -> dict:
     from experiments.measure import recovery
-    from nosync.spark_host import get_spark
+    from nosync.spark.session import get_spark
 
     # the kill comes at half the records: the other half must outlast the recovery, or a
     # survivor that went on ends its input before the throughput could come back

@@ -40,10 +40,10 @@ def run(
 ) -> dict:
     import pyarrow.parquet as pq
 
-    from nosync.batch import warm_up
-    from nosync.rewind import rewind
-    from nosync.runner import run as run_pipeline
-    from nosync.spark_host import get_spark
+    from nosync.driver.runner import run as run_pipeline
+    from nosync.spark.batch import warm_up
+    from nosync.spark.session import get_spark
+    from nosync.tools.rewind import rewind
 
     records = records or max(2_000_000, 4 * keys)
     per_epoch = 10_000
@@ -117,7 +117,7 @@ def run(
 
 def _records(directory: str) -> collections.Counter:
     from experiments.chaos import canonical
-    from nosync import sinks
+    from nosync.api import sinks
 
     return collections.Counter(canonical(r) for r in sinks.Files(directory).read_committed())
 

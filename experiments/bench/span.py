@@ -36,7 +36,7 @@ def run(
     progress: Any = lambda m: None,
 ) -> dict:
     from experiments.measure import _run, recovery
-    from nosync.spark_host import get_spark
+    from nosync.spark.session import get_spark
 
     spark = get_spark(master, 2 * workers)  # the job's W tasks beside the W streaming ones
     out: dict[str, Any] = {"workload": "keyed_count", "workers": workers, "keys": keys, "records": records, "runs": []}

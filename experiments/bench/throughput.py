@@ -67,7 +67,7 @@ def run(
     epoch_records: int | None = None,
     progress=lambda m: None,
 ) -> dict:
-    from nosync.runner import run as run_pipeline
+    from nosync.driver.runner import run as run_pipeline
 
     progress("limit: bare loop")
     bare = max(bare_script(records, keys) for _ in range(3))

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nosync import frames
 from nosync.errors import NosyncError, RunFailed
+from nosync.runtime import frames
 
 MODES = ("none", "abs", "nosync", "replay")
 

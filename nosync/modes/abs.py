@@ -42,10 +42,10 @@ import time
 from typing import Any
 
 from lsm import ValueEncodingError
-from nosync import checkpoints
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks, open_store
-from nosync.operators import EOS, JoinOp, SinkOp
+from nosync.runtime import checkpoints
+from nosync.runtime.operators import EOS, JoinOp, SinkOp
 
 log = logging.getLogger("nosync.abs")
 

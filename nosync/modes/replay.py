@@ -39,7 +39,7 @@ from typing import Any
 
 from nosync.errors import RunFailed
 from nosync.modes import Mode, WorkerHooks
-from nosync.operators import KeyedOp, SinkOp
+from nosync.runtime.operators import KeyedOp, SinkOp
 
 log = logging.getLogger("nosync.replay")
 
@@ -80,7 +80,7 @@ class ReplayHooks(WorkerHooks):
             s.part.abort()  # staged, never committed: it is recomputed
         if epoch < 0:
             return  # nothing committed anywhere yet: the run starts over
-        from nosync.batch import load_states
+        from nosync.spark.batch import load_states
 
         saved = load_states(restore["dir"], worker.index)
         for op in worker.ops:
@@ -151,7 +151,7 @@ class ReplayMode(Mode):
         self.spec = spec
         # the first batch job of a session starts Python workers and compiles what Arrow
         # needs; done now, on the spare slots, it is not paid at the first failure
-        from nosync.batch import warm_up_soon
+        from nosync.spark.batch import warm_up_soon
 
         warm_up_soon(spark, spec["workers"], "replay")
 
@@ -201,7 +201,7 @@ class ReplayMode(Mode):
         return None
 
     def _recompute(self, epoch: int, dump: str, result: dict) -> None:
-        from nosync.batch import recompute_states
+        from nosync.spark.batch import recompute_states
 
         t0 = time.time()
         try:

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    from nosync.spark_host import get_spark
+    from nosync.spark.session import get_spark
 
     session = get_spark(None, 3)
     yield session

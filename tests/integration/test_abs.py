@@ -103,7 +103,7 @@ def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
     params = {"input": str(tmp_path / "a.txt")}
     judge_chaos(tmp_path, workload, "abs", workers, kills, 11 * workers + kills, params, {"checkpoint_ms": 300})
     # what `nosync inspect` finds in the run that was killed
-    from nosync.runinfo import inspect_run
+    from nosync.tools.runinfo import inspect_run
 
     info = inspect_run(str(tmp_path / "chaos" / "chaos"))
     assert (info["mode"], info["workers"], info["finished"]) == ("abs", workers, True)
@@ -247,7 +247,7 @@ def test_resume_after_the_driver_is_killed(tmp_path):
 
 
 def test_damaged_checkpoint_falls_back_to_the_one_before(tmp_path):
-    from nosync import checkpoints
+    from nosync.runtime import checkpoints
 
     # checkpoint 2 completes about 2 s in; the input lasts 5 s or more (6M records at the
     # fastest rate seen, 1.1M/s), so the kill falls inside it (at 2.5 s between checkpoints

@@ -29,10 +29,10 @@ from test_abs import big_text, committed_pairs, keyed_count_expected
 
 import nosync as ns
 from experiments.chaos import committed_outputs
-from nosync.batch import keyed_state, run_batch, stages
+from nosync.api.loader import load_pipeline
+from nosync.api.plan import plan
 from nosync.errors import PipelineError
-from nosync.loader import load_pipeline
-from nosync.plan import plan
+from nosync.spark.batch import keyed_state, run_batch, stages
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = os.path.join(ROOT, "experiments", "workloads")

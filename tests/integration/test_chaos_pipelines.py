@@ -86,7 +86,7 @@ def test_chaos_dead_letters_soak(tmp_path, mode, workers):
 def test_chaos_sparse_inputs_soak(tmp_path, mode, workers):
     """chaos_sparse: idle workers (a one-file CSV), an empty source, a window re-keyed, a
     join; its committed output is also checked against the definitions of its inputs."""
-    from nosync.sinks import Files, LevelDB
+    from nosync.api.sinks import Files, LevelDB
 
     events, records = tmp_path / "events.csv", 600_000
     with open(events, "w", encoding="utf-8") as f:

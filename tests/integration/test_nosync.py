@@ -439,7 +439,7 @@ def test_recovery_from_the_remote_tier_when_the_disk_tier_is_gone(tmp_path):
     assert rec["restored_step"] > 0, "the retry found nothing to restore: not from the remote tier"
     assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
     # what `nosync inspect` finds: one recovery of worker 1, both logs, the remote tier used
-    from nosync.runinfo import inspect_run
+    from nosync.tools.runinfo import inspect_run
 
     info = inspect_run(str(run_dir))
     assert (info["mode"], info["finished"], info["regroups"]) == ("nosync", True, 0)

@@ -46,13 +46,13 @@ import pytest
 from test_abs import committed_pairs
 
 import nosync as ns
-from nosync import checkpoints
-from nosync.batch import keyed_state
-from nosync.diff import diff_outputs
+from nosync.api.loader import load_pipeline
 from nosync.errors import NosyncError, PipelineError
-from nosync.loader import load_pipeline
-from nosync.rewind import check_compatible, choose_start, rewind
-from nosync.runinfo import inspect_run
+from nosync.runtime import checkpoints
+from nosync.spark.batch import keyed_state
+from nosync.tools.diff import diff_outputs
+from nosync.tools.rewind import check_compatible, choose_start, rewind
+from nosync.tools.runinfo import inspect_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = os.path.join(ROOT, "experiments", "workloads")

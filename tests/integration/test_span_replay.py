@@ -29,9 +29,9 @@ from test_abs import (
 )
 
 from experiments.chaos import Events
-from nosync.loader import load_pipeline
+from nosync.api.loader import load_pipeline
+from nosync.api.plan import plan
 from nosync.modes.nosync.span import eligible
-from nosync.plan import plan
 
 PIPELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelines")
 

@@ -54,7 +54,7 @@ class NosyncMode(Mode):
     def attach(self, spark: Any, spec: dict) -> None:
         self.spark, self.spec = spark, spec
         if self.threshold:
-            from nosync.batch import warm_up_soon
+            from nosync.spark.batch import warm_up_soon
 
             warm_up_soon(spark, spec["workers"], "span")
 

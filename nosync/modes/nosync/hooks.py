@@ -54,14 +54,14 @@ import xxhash
 
 from lineage import Stash
 from lsm import ValueEncodingError
-from nosync import frames
+from nosync.api.sinks import ALL
 from nosync.errors import RunFailed
 from nosync.modes import WorkerHooks, open_store
 from nosync.modes.nosync.inputlog import InputLog
 from nosync.modes.nosync.layout import LINEAGE, META, OUT, input_store_path, pack, store_path
 from nosync.modes.nosync.outlog import OutputLog
-from nosync.operators import EOS, JoinOp, KeyedOp
-from nosync.sinks import ALL
+from nosync.runtime import frames
+from nosync.runtime.operators import EOS, JoinOp, KeyedOp
 
 log = logging.getLogger("nosync.nosync")
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from nosync.operators import JoinOp
+from nosync.runtime.operators import JoinOp
 
 META = "meta"
 OUT = "out"

@@ -40,10 +40,10 @@ from collections import deque
 from typing import Any
 
 from lineage import LineageError, recovery_plan
-from nosync import frames
 from nosync.errors import RunFailed
 from nosync.modes.nosync.layout import LINEAGE, META, OUT, store_state, unpack
-from nosync.operators import MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
+from nosync.runtime import frames
+from nosync.runtime.operators import MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
 
 REPLAY_TIMEOUT_S = 120.0
 POLL_S = 0.005

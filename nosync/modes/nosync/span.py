@@ -41,17 +41,17 @@ import os
 import time
 from typing import Any
 
-from nosync import frames, statecodec
+from nosync.api.pipeline import KEYED_KINDS
+from nosync.api.sinks import SinkPart
 from nosync.errors import RunFailed
 from nosync.modes import WorkerHooks, read_store
 from nosync.modes.nosync.layout import META, store_state
 from nosync.modes.nosync.layout import pack as _pack
 from nosync.modes.nosync.layout import unpack as _unpack
 from nosync.modes.nosync.recovery import next_frame, precommit_again
-from nosync.operators import KeyedOp, Op, SinkOp
-from nosync.pipeline import KEYED_KINDS
-from nosync.sinks import SinkPart
-from nosync.worker import Router, Worker, key_hash
+from nosync.runtime import frames, statecodec
+from nosync.runtime.operators import KeyedOp, Op, SinkOp
+from nosync.runtime.worker import Router, Worker, key_hash
 
 log = logging.getLogger("nosync.nosync")
 
@@ -183,8 +183,8 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
     import tempfile
 
     from lsm.files import copy_store
-    from nosync.loader import load_pipeline
-    from nosync.plan import plan
+    from nosync.api.loader import load_pipeline
+    from nosync.api.plan import plan
 
     t0 = time.time()
     me = int(job["worker"])
@@ -256,7 +256,7 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
 def run_span(spark: Any, spec: dict, job: dict) -> dict:
     """Runs the span job `job` ({"worker", "dir", "tasks"}) as one Spark job of `tasks`
     tasks; returns per task what it read and folded. Raises RunFailed with a task's error."""
-    from nosync.batch import ERROR, SCHEMA, STATS, _fail_fast, _rows_batch
+    from nosync.spark.batch import ERROR, SCHEMA, STATS, _fail_fast, _rows_batch
 
     tasks = int(job["tasks"])
     spec = {k: v for k, v in spec.items() if k != "secret"}

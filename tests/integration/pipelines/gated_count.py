@@ -7,7 +7,7 @@ import os
 import time
 
 import nosync as ns
-from nosync.sinks import PART_NAME
+from nosync.api.sinks import PART_NAME
 
 
 class GatedFiles(ns.sinks.Files):

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import pytest
 
-from nosync import channels, frames
-from nosync.coordinator import Coordinator
+from nosync.driver.coordinator import Coordinator
 from nosync.errors import AuthError
 from nosync.modes import get_mode
+from nosync.runtime import channels, frames
 
 SECRET = b"the run's secret"
 DEADLINE_S = 10.0

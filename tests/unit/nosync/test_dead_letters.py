@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from nosync.worker import open_dead_letters
+from nosync.runtime.worker import open_dead_letters
 
 A = {"source": "lines", "file": "/in/a.jsonl", "position": {"line": 3}, "error": "not JSON"}
 B = {"source": "lines", "file": "/in/b.jsonl", "position": {"line": 9}, "error": "not JSON"}

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from cli.main import main
-from nosync import sinks
+from nosync.api import sinks
 
 
 def commit_files(directory, epochs: dict[int, list], workers: int = 2) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import msgpack
 
-from nosync import channels, frames
 from nosync.modes.nosync import HEADER_LINEAGE, NosyncHooks
 from nosync.modes.nosync.outlog import OutputLog
+from nosync.runtime import channels, frames
 
 RECORDS = msgpack.packb([["a", 1]])
 """The packed body of a data frame."""

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nosync as ns
+from nosync.api.plan import plan
 from nosync.errors import PipelineError, RunFailed
-from nosync.operators import EOS, IterateOp, JoinOp, SinkOp, make_op
-from nosync.plan import plan
+from nosync.runtime.operators import EOS, IterateOp, JoinOp, SinkOp, make_op
 
 SETTINGS = settings(max_examples=80, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 THIS_FILE = __file__
@@ -582,8 +582,8 @@ def test_sink_commits_at_the_frontier_and_refuses_committed_epochs(tmp_path):
 def test_self_join_keeps_its_two_inputs_apart():
     """Both inputs of ks.join(ks) read the same operator: each record joins every record of
     its key on the other side (a full cross product per key)."""
-    from nosync.plan import plan
-    from nosync.worker import Worker
+    from nosync.api.plan import plan
+    from nosync.runtime.worker import Worker
 
     p = ns.Pipeline("self_join")
     ks = p.source(ns.sources.Generator(records=6, fn=lambda i: i % 2)).key_by(lambda x: x)

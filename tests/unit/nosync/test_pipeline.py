@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 import nosync as ns
+from nosync.api.loader import load_pipeline
 from nosync.errors import PipelineError
-from nosync.loader import load_pipeline
 
 THIS_FILE = __file__
 

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import nosync as ns
-from nosync.plan import plan
+from nosync.api.plan import plan
 
 
 def gen(records: int = 10, partitions: int | None = None) -> ns.sources.Generator:

@@ -1,6 +1,6 @@
 """The recovery times a run derives from its progress samples (nosync.metrics)."""
 
-from nosync import metrics
+from nosync.driver import metrics
 
 
 def _row(t, worker, read, attempt=0, positioned=True):

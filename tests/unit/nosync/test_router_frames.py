@@ -12,10 +12,10 @@ import types
 
 import pytest
 
-from nosync import frames
 from nosync.errors import RunFailed
 from nosync.modes import WorkerHooks
-from nosync.worker import Router, partition_of
+from nosync.runtime import frames
+from nosync.runtime.worker import Router, partition_of
 
 
 class RecordingHooks(WorkerHooks):

@@ -8,7 +8,7 @@ import os
 
 import lsm
 from nosync.modes.abs import STATE
-from nosync.runinfo import _in_use, inspect_run
+from nosync.tools.runinfo import _in_use, inspect_run
 
 
 def files_of(root) -> dict:  # noqa: ANN001

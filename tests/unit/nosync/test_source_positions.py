@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import nosync as ns
-from nosync.operators import EOS
-from nosync.worker import SourceOp
+from nosync.runtime.operators import EOS
+from nosync.runtime.worker import SourceOp
 
 SETTINGS = settings(
     deadline=None,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from nosync import statecodec
 from nosync.errors import RunFailed
 from nosync.modes.nosync.span import load_results
+from nosync.runtime import statecodec
 
 
 def write_task(d, t: int, sinks: dict, keyed: dict | None = None, meta: dict | None = None) -> None:

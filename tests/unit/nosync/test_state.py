@@ -29,10 +29,10 @@ from hypothesis import strategies as st
 import lsm
 import nosync as ns
 from lsm import TOMBSTONE
-from nosync import checkpoints, statecodec
 from nosync.errors import RunFailed
 from nosync.modes.abs import RETENTION, STATE, restore_keyed, take_keyed
-from nosync.operators import EOS, JoinOp, make_op
+from nosync.runtime import checkpoints, statecodec
+from nosync.runtime.operators import EOS, JoinOp, make_op
 
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 

@@ -45,7 +45,7 @@ def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
         .config("spark.task.maxFailures", str(MAX_FAILURES))
         .config("spark.python.worker.reuse", "true")
         # the workers' modules are loaded before the daemon forks a task (a restart too)
-        .config("spark.python.daemon.module", "nosync.spark_daemon")
+        .config("spark.python.daemon.module", "nosync.driver.spark_daemon")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)

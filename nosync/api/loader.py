@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import runpy
 
+from nosync.api.pipeline import Pipeline
 from nosync.errors import PipelineError
-from nosync.pipeline import Pipeline
 
 
 def load_pipeline(path: str, params: dict | None = None) -> Pipeline:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nosync.pipeline import KEYED_KINDS, Pipeline
+from nosync.api.pipeline import KEYED_KINDS, Pipeline
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ class Pipeline:
     def source(self, source: Any, name: str | None = None) -> Stream:
         """A stream read from a source (see `nosync.sources`)."""
         where = _declared_at()
-        from nosync.sources import Source
+        from nosync.api.sources import Source
 
         if not isinstance(source, Source):
             raise PipelineError(f"source() takes a nosync.sources object, got {type(source).__name__}", name, where)
@@ -273,7 +273,7 @@ class Stream:
     def sink(self, sink: Any, name: str | None = None) -> None:
         """Ends the stream in a sink (see `nosync.sinks`)."""
         where = _declared_at()
-        from nosync.sinks import Sink
+        from nosync.api.sinks import Sink
 
         if not isinstance(sink, Sink):
             raise PipelineError(f"sink() takes a nosync.sinks object, got {type(sink).__name__}", name, where)

@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from nosync import metrics
-from nosync.coordinator import Coordinator
+from nosync.api.loader import load_pipeline
+from nosync.api.pipeline import require_replayable
+from nosync.api.plan import plan
+from nosync.driver import metrics
+from nosync.driver.coordinator import Coordinator
 from nosync.errors import NosyncError, RunFailed
-from nosync.loader import load_pipeline
 from nosync.modes import get_mode
-from nosync.pipeline import require_replayable
-from nosync.plan import plan
-from nosync.spark_host import check_slots, get_spark
-from nosync.worker import worker_main
+from nosync.runtime.worker import worker_main
+from nosync.spark.session import check_slots, get_spark
 
 SAMPLE_S = 0.25
 """How often the run's progress is sampled (throughput.parquet, the progress callback)."""
@@ -257,7 +257,7 @@ def _check_run_dir(run_dir: str, same: dict, resume: bool) -> None:
     records inside chunks of that size)."""
     import json
 
-    from nosync import checkpoints
+    from nosync.runtime import checkpoints
 
     info_path = os.path.join(run_dir, "run.json")
     has_state = bool(checkpoints.completed(run_dir)) or os.path.isdir(os.path.join(run_dir, "state"))

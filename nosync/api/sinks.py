@@ -31,8 +31,8 @@ from typing import Any
 import msgpack
 
 from lsm.files import fsync_dir
+from nosync.api.pipeline import _declared_at
 from nosync.errors import PipelineError, RunFailed
-from nosync.pipeline import _declared_at
 
 
 class Sink:

@@ -62,11 +62,12 @@ import msgpack
 from lineage import rewind_plan
 from lsm import LsmError
 from lsm.files import copy_store
-from nosync import checkpoints, sinks
+from nosync.api import sinks
+from nosync.api.loader import load_pipeline
+from nosync.api.pipeline import Pipeline
 from nosync.errors import NosyncError, PipelineError
-from nosync.loader import load_pipeline
 from nosync.modes import read_store
-from nosync.pipeline import Pipeline
+from nosync.runtime import checkpoints
 
 RESTORE_FROM = ("auto", "checkpoint", "sources")
 
@@ -298,9 +299,9 @@ class SnapshotLogs:
     def in_flight(self, cut: dict[int, dict]) -> dict[int, list]:
         """Per sending worker, the frames in flight at `cut` as batch rows (data and marker
         frames; events carry barriers, which a batch job has none of)."""
-        from nosync import frames as wire
-        from nosync.batch import DATA as ROW_DATA
-        from nosync.batch import MARK as ROW_MARK
+        from nosync.runtime import frames as wire
+        from nosync.spark.batch import DATA as ROW_DATA
+        from nosync.spark.batch import MARK as ROW_MARK
 
         rows: dict[int, list] = {w: [] for w in range(self.workers)}
         for src in range(self.workers):
@@ -489,7 +490,7 @@ def _choose_start(
     restore_from: str,
     blocker: str | None,
 ) -> dict:
-    from nosync.batch import epoch_records_of
+    from nosync.spark.batch import epoch_records_of
 
     _check_restore_from(restore_from)
     mode = run.get("mode")
@@ -709,7 +710,7 @@ def _rewind(
 ) -> dict:
     """The rewind once its input is checked (`job`: the operator, the new pipeline's file and
     parameters, the cone and the epoch)."""
-    from nosync.batch import _run
+    from nosync.spark.batch import _run
 
     mode = run.get("mode")
     cone, to_epoch = job["cone"], job["to_epoch"]

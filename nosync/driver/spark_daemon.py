@@ -16,7 +16,7 @@ import nosync.modes.abs  # noqa: F401
 import nosync.modes.nosync.hooks  # noqa: F401
 import nosync.modes.nosync.recovery  # noqa: F401
 import nosync.modes.replay  # noqa: F401
-import nosync.worker  # noqa: F401
+import nosync.runtime.worker  # noqa: F401
 
 if __name__ == "__main__":
     daemon.manager()

@@ -85,8 +85,8 @@ def _first_cut_epoch(state_dir: str, run: dict) -> int | None:
     snapshots, from copies of its stores under `state_dir` (None: none, or a store is
     missing or unreadable)."""
     import lsm
-    from nosync.batch import epoch_records_of
-    from nosync.rewind import SnapshotLogs
+    from nosync.spark.batch import epoch_records_of
+    from nosync.tools.rewind import SnapshotLogs
 
     per_epoch = epoch_records_of(run)
     logs = SnapshotLogs(state_dir, int(run.get("workers") or 0), per_epoch)
@@ -159,8 +159,8 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
         if on_disk and not run.get("epoch_ms"):
             # the first epoch `rewind` can start from a retained checkpoint (if its stores
             # still hold that checkpoint's versions: they keep the last abs.RETENTION)
-            from nosync.batch import epoch_records_of
-            from nosync.rewind import iter_usable_checkpoints
+            from nosync.spark.batch import epoch_records_of
+            from nosync.tools.rewind import iter_usable_checkpoints
 
             per_epoch = epoch_records_of(run)
             try:

@@ -47,7 +47,7 @@ def _key_of(record: Any, key: str | None) -> Any:
 def diff_outputs(a: str, b: str, out_path: str, key: str | None = None, top: int = 10) -> dict:
     """Compares the committed outputs in directories `a` and `b`; writes every difference to
     `out_path` (JSON lines) and returns a summary."""
-    from nosync import sinks
+    from nosync.api import sinks
 
     ka, kb = _kind(a), _kind(b)
     if ka != kb:

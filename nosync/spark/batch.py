@@ -51,13 +51,14 @@ from typing import Any
 
 import msgpack
 
-from nosync import checkpoints, frames, sinks, statecodec
+from nosync.api import sinks
+from nosync.api.pipeline import KEYED_KINDS, require_replayable
+from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import NosyncError, PipelineError, RunFailed
 from nosync.modes import WorkerHooks, read_store
-from nosync.operators import EOS, KeyedOp, SinkOp
-from nosync.pipeline import KEYED_KINDS, require_replayable
-from nosync.plan import PhysicalPlan, plan
-from nosync.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
+from nosync.runtime import checkpoints, frames, statecodec
+from nosync.runtime.operators import EOS, KeyedOp, SinkOp
+from nosync.runtime.worker import SourceOp, Worker, add_edge_input, build_ops, finish_loops, graph_edges, partition_of
 
 SCHEMA = "dest int, edge int, src int, seq long, kind tinyint, epoch long, data binary"
 DATA, MARK, STATS, STATE, ERROR, HERE = 0, 1, 2, 3, 4, 5
@@ -487,7 +488,7 @@ def warm_up_soon(spark: Any, workers: int, what: str) -> None:
         try:
             warm_up(spark, workers)
         except Exception:  # noqa: BLE001 - only a warm-up: the recovery will try for real
-            logging.getLogger("nosync.batch").warning("warming up batch jobs", exc_info=True)
+            logging.getLogger("nosync.spark.batch").warning("warming up batch jobs", exc_info=True)
 
     threading.Thread(target=run, name=f"nosync-{what}-warm-up", daemon=True).start()
 
@@ -497,7 +498,7 @@ def _echo(batches: Any) -> Any:
 
 
 def _load(spec: dict) -> PhysicalPlan:
-    from nosync.loader import load_pipeline
+    from nosync.api.loader import load_pipeline
 
     return plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
 
@@ -701,8 +702,8 @@ def _run(
     run_dir: str | None,
     extra: dict,
 ) -> tuple[dict, list]:
-    from nosync.loader import load_pipeline
-    from nosync.spark_host import get_spark
+    from nosync.api.loader import load_pipeline
+    from nosync.spark.session import get_spark
 
     if workers < 1:
         raise NosyncError(f"--workers must be at least 1, got {workers}")

@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Any
 
-from nosync import channels, frames
 from nosync.errors import AuthError, FrameError, RunFailed
+from nosync.runtime import channels, frames
 
-log = logging.getLogger("nosync.coordinator")
+log = logging.getLogger("nosync.driver.coordinator")
 
 HEARTBEAT_TIMEOUT_S = 30.0
 """A worker silent this long is lost. A killed worker's connection drops at once; this bound is

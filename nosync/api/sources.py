@@ -22,8 +22,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nosync.api.pipeline import _declared_at
 from nosync.errors import BadRecord, PipelineError
-from nosync.pipeline import _declared_at
 
 Chunk = tuple[list, Any]
 BadHandler = Callable[[BadRecord], None]

@@ -30,10 +30,10 @@ from collections import deque
 
 import msgpack
 
-from nosync import frames
 from nosync.errors import AuthError, FrameError
+from nosync.runtime import frames
 
-log = logging.getLogger("nosync.channels")
+log = logging.getLogger("nosync.runtime.channels")
 
 HELLO = b"NSY1"
 NONCE = 32

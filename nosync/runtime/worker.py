@@ -40,11 +40,12 @@ from typing import Any
 import msgpack
 import xxhash
 
-from nosync import channels, frames
+from nosync.api.loader import load_pipeline
+from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
-from nosync.loader import load_pipeline
 from nosync.modes import worker_hooks
-from nosync.operators import (
+from nosync.runtime import channels, frames
+from nosync.runtime.operators import (
     EOS,
     IterateOp,
     JoinOp,
@@ -52,9 +53,8 @@ from nosync.operators import (
     SinkOp,
     make_op,
 )
-from nosync.plan import PhysicalPlan, plan
 
-log = logging.getLogger("nosync.worker")
+log = logging.getLogger("nosync.runtime.worker")
 
 HEARTBEAT_S = 0.1
 MAX_BACKLOG_FRAMES = 2 * channels.INITIAL_CREDITS

@@ -36,9 +36,9 @@ import msgpack
 
 from lsm import TOMBSTONE, Updates
 from lsm.keys import check_keys, encode_key
-from nosync import statecodec
+from nosync.api.pipeline import Node
 from nosync.errors import PipelineError, RunFailed
-from nosync.pipeline import Node
+from nosync.runtime import statecodec
 
 EOS = 1 << 62
 """The epoch of a finished channel."""

@@ -1,0 +1,1 @@
+"""The offline tools over a run directory: rewind, diff and run information."""
