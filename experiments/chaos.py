@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from nosync.errors import NosyncError, RunFailed
-from nosync.runtime.worker import dead_letter_record
+from nosync.runtime.dead_letters import dead_letter_record
 
 PAUSE_S = (0.3, 1.5)
 """How long a pause of the second failure-free run stops a worker, drawn uniformly: about as

@@ -30,6 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import StrEnum
 from typing import Any, TypedDict
 
 import msgpack
@@ -41,6 +42,22 @@ EOS = 1 << 62
 
 STASH_FORMAT = 1
 """Version of the `Stash.to_msgpack` encoding."""
+
+
+class Step(StrEnum):
+    """The kind of a lineage entry, its first item (a plain string on the wire)."""
+
+    CONSUMED = "i"
+    """("i", src, seq): consumed frame seq of link (src, me)."""
+    READ = "s"
+    """("s", k, epoch or None): read a chunk of source k."""
+    FLUSHED = "f"
+    """("f", router, dst): flushed one buffer."""
+    FLUSHED_ALL = "F"
+    """("F",): flushed every buffer."""
+    CUT = "C"
+    """("C", produced): a cut, the frames produced so far on each link."""
+
 
 Entry = tuple[Any, ...]
 """What one step did; the first item is its kind ("i", "s", "f", "F" or "C")."""
@@ -272,7 +289,7 @@ def recovery_plan(
         others = [q for q in range(processes) if q != p]
         needs: dict[int, list[int]] = {q: [] for q in others}
         for step, entry in replay:
-            if not entry or entry[0] != "i":
+            if not entry or entry[0] != Step.CONSUMED:
                 continue
             if len(entry) != 3:
                 raise LineageError(f"process {p}: step {step} has a malformed input entry {entry!r}")

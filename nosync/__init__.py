@@ -20,15 +20,8 @@ The engine builds on `lsm`, the versioned state store, and `lineage`, the depend
 from nosync import modes
 from nosync.api import sinks, sources
 from nosync.api.pipeline import KeyedStream, Pipeline, Stream
+from nosync.driver.runner import run
 from nosync.errors import NosyncError, PipelineError, RunFailed
-
-
-def run(pipeline_file: str, **options):  # noqa: ANN201 - see nosync.runner.run
-    """Runs a pipeline file; see `nosync.runner.run` for the options."""
-    from nosync.driver.runner import run as _run
-
-    return _run(pipeline_file, **options)
-
 
 __all__ = [
     "KeyedStream",

@@ -13,27 +13,16 @@ relies on re-executing them.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nosync.api.sinks import Sink
+from nosync.api.sources import Source
+from nosync.api.where import declared_at
 from nosync.errors import PipelineError
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
 KEYED_KINDS = frozenset({"reduce", "aggregate", "stateful_map", "window", "join"})
-
-
-def _declared_at() -> str:
-    """file:line of the first caller outside the nosync package."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep):
-            return f"{filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>"
 
 
 @dataclass
@@ -95,9 +84,7 @@ class Pipeline:
 
     def source(self, source: Any, name: str | None = None) -> Stream:
         """A stream read from a source (see `nosync.sources`)."""
-        where = _declared_at()
-        from nosync.api.sources import Source
-
+        where = declared_at()
         if not isinstance(source, Source):
             raise PipelineError(f"source() takes a nosync.sources object, got {type(source).__name__}", name, where)
         node = self._add("source", (), False, name, where, source=source)
@@ -170,7 +157,7 @@ class Stream:
 
         >>> s.map(lambda r: r * 2)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         _check_fn(fn, "map's function", name or "map", where)
         return Stream(self.pipeline, self._derive("map", name, where, fn=fn))
 
@@ -179,7 +166,7 @@ class Stream:
 
         >>> lines.flat_map(str.split)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         _check_fn(fn, "flat_map's function", name or "flat_map", where)
         return Stream(self.pipeline, self._derive("flat_map", name, where, fn=fn))
 
@@ -188,7 +175,7 @@ class Stream:
 
         >>> words.filter(lambda w: len(w) > 3)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         _check_fn(pred, "filter's predicate", name or "filter", where)
         return Stream(self.pipeline, self._derive("filter", name, where, fn=pred))
 
@@ -198,7 +185,7 @@ class Stream:
 
         >>> words.key_by(lambda w: w)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         _check_fn(fn, "key_by's key function", name or "key_by", where)
         return KeyedStream(self.pipeline, self._derive("key_by", name, where, keyed=True, fn=fn))
 
@@ -214,7 +201,7 @@ class Stream:
 
         >>> nums.iterate(lambda s: s.map(lambda n: n // 2), keep=lambda n: n > 1)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         op = name or "iterate"
         _check_fn(body, "iterate's body", op, where)
         _check_fn(keep, "iterate's keep predicate", op, where)
@@ -263,7 +250,7 @@ class Stream:
 
     def union(self, *others: Stream, name: str | None = None) -> Stream:
         """The records of this stream and the others, interleaved."""
-        where = _declared_at()
+        where = declared_at()
         for o in others:
             if not isinstance(o, Stream) or o.pipeline is not self.pipeline:
                 raise PipelineError("union() takes streams of the same pipeline", name or "union", where)
@@ -272,9 +259,7 @@ class Stream:
 
     def sink(self, sink: Any, name: str | None = None) -> None:
         """Ends the stream in a sink (see `nosync.sinks`)."""
-        where = _declared_at()
-        from nosync.api.sinks import Sink
-
+        where = declared_at()
         if not isinstance(sink, Sink):
             raise PipelineError(f"sink() takes a nosync.sinks object, got {type(sink).__name__}", name, where)
         directory = _sink_directory(sink)
@@ -292,15 +277,15 @@ class Stream:
         raise PipelineError(f"{kind} is a keyed operator: call key_by(...) on the stream first", name or kind, where)
 
     def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> KeyedStream:
-        self._keyed_only("reduce", name, _declared_at())
+        self._keyed_only("reduce", name, declared_at())
 
     def aggregate(
         self, init: Callable[[], Any], add: Callable[[Any, Any], Any], name: str | None = None
     ) -> KeyedStream:
-        self._keyed_only("aggregate", name, _declared_at())
+        self._keyed_only("aggregate", name, declared_at())
 
     def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Iterable[Any]]], name: str | None = None) -> Stream:
-        self._keyed_only("stateful_map", name, _declared_at())
+        self._keyed_only("stateful_map", name, declared_at())
 
     def window(
         self,
@@ -310,10 +295,10 @@ class Stream:
         add: Callable[[Any, Any], Any],
         name: str | None = None,
     ) -> KeyedStream:
-        self._keyed_only("window", name, _declared_at())
+        self._keyed_only("window", name, declared_at())
 
     def join(self, other: KeyedStream, name: str | None = None) -> KeyedStream:
-        self._keyed_only("join", name, _declared_at())
+        self._keyed_only("join", name, declared_at())
 
 
 class KeyedStream(Stream):
@@ -327,7 +312,7 @@ class KeyedStream(Stream):
 
         >>> pairs.key_by(lambda kv: kv[0]).reduce(lambda a, b: (a[0], a[1] + b[1]))  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         _check_fn(fn, "reduce's function", name or "reduce", where)
         return KeyedStream(self.pipeline, self._derive("reduce", name, where, keyed=True, fn=fn))
 
@@ -339,7 +324,7 @@ class KeyedStream(Stream):
 
         >>> words.key_by(lambda w: w).aggregate(int, lambda n, _: n + 1)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         op = name or "aggregate"
         _check_fn(init, "aggregate's init", op, where)
         _check_fn(add, "aggregate's add", op, where)
@@ -353,7 +338,7 @@ class KeyedStream(Stream):
         ...     return True, ([] if seen else [x])
         >>> events.key_by(lambda e: e["id"]).stateful_map(dedup)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         _check_fn(fn, "stateful_map's function", name or "stateful_map", where)
         return Stream(self.pipeline, self._derive("stateful_map", name, where, keyed=True, fn=fn))
 
@@ -372,7 +357,7 @@ class KeyedStream(Stream):
         >>> per_auction = bids.key_by(lambda b: b["auction"])  # doctest: +SKIP
         >>> per_auction.window(10.0, lambda b: b["ts"], int, lambda n, _: n + 1)  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         op = name or "window"
         if not isinstance(size, int | float) or size <= 0:
             raise PipelineError(f"window size must be a positive number, got {size!r}", op, where)
@@ -390,7 +375,7 @@ class KeyedStream(Stream):
 
         >>> bids.key_by(lambda b: b["auction"]).join(auctions.key_by(lambda a: a["id"]))  # doctest: +SKIP
         """
-        where = _declared_at()
+        where = declared_at()
         op = name or "join"
         if not isinstance(other, KeyedStream) or other.pipeline is not self.pipeline:
             raise PipelineError("join() takes a keyed stream of the same pipeline (call key_by on it)", op, where)

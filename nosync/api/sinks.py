@@ -22,6 +22,8 @@ under a later checkpoint, which happens only when recovery falls back past a dam
 
 from __future__ import annotations
 
+__all__ = ["ALL", "Console", "Files", "LevelDB", "Null", "Sink", "SinkPart"]
+
 import json
 import os
 import re
@@ -29,96 +31,12 @@ import sys
 from typing import Any
 
 import msgpack
+import plyvel
 
 from lsm.files import fsync_dir
-from nosync.api.pipeline import _declared_at
+from nosync.api.sink_base import ALL, Sink, SinkPart
+from nosync.api.where import declared_at
 from nosync.errors import PipelineError, RunFailed
-
-
-class Sink:
-    """Base of all sinks: `open_part` gives the per-worker writer."""
-
-    def open_part(self, worker: int, run_id: str) -> SinkPart:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        return type(self).__name__
-
-
-ALL = 1 << 62
-"""Every epoch (a pre-commit of everything staged)."""
-
-
-class SinkPart:
-    """One worker's writer: write() stages, commit(epoch) publishes, close() ends.
-
-    The base stages records per epoch in memory; `take(epoch)` hands a commit the staged
-    epochs up to `epoch`, oldest first."""
-
-    order_matters = True
-    """Whether the committed output depends on the order of the records of an epoch (a
-    LevelDB sink: the last write of a key wins); a multiset of records per epoch does not."""
-
-    def __init__(self) -> None:
-        self.pending: dict[int, list] = {}
-        self.held: dict[int, list] = {}
-        self.replace = False
-        """Whether a commit of an epoch first takes back what this worker committed of that
-        epoch before (mode replay commits an epoch again after recomputing it). A part that
-        keeps no per-epoch output, or cannot take it back, ignores it."""
-
-    def write(self, epoch: int, records: list) -> None:
-        self.pending.setdefault(epoch, []).extend(records)
-
-    def take(self, epoch: int) -> list[tuple[int, list]]:
-        due = sorted(e for e in self.pending if e <= epoch)
-        return [(e, self.pending.pop(e)) for e in due]
-
-    def commit(self, epoch: int) -> int:
-        """Publishes everything staged for epochs <= `epoch`; returns how many records."""
-        raise NotImplementedError
-
-    def has_staged(self, upto: int = ALL) -> bool:
-        """Whether records of epochs <= `upto` are staged."""
-        return any(v for e, v in self.pending.items() if e <= upto)
-
-    def seal(self, epoch: int) -> None:
-        """No record of epochs <= `epoch` will come: a part may finish writing them early."""
-
-    def precommit(self, checkpoint: int, upto: int = ALL, durable: bool = True) -> Any:
-        """Moves what is staged for epochs <= `upto` (default: everything) into the pre-commit
-        of `checkpoint`; returns its handle (msgpack-able). Without `durable`, the pre-commit
-        need not survive a crash (its writer can produce it again: mode nosync's lineage points)
-        and is cheaper; `harden` makes it durable later. The base keeps it in memory: never
-        durable across a crash."""
-        self.held[checkpoint] = self.take(upto)
-        return sum(len(r) for _, r in self.held[checkpoint])
-
-    def harden(self, checkpoint: int, handle: Any) -> Any:
-        """Makes a pre-commit made without `durable` survive a crash; returns its new handle."""
-        return handle
-
-    def commit_precommit(self, checkpoint: int, handle: Any) -> int:
-        """Publishes the pre-commit of `checkpoint`; returns how many records."""
-        due = self.held.pop(checkpoint, [])
-        for e, recs in due:
-            self.pending.setdefault(e, []).extend(recs)
-        return self.commit(1 << 62)
-
-    def recover(self, checkpoint: int, handles: list, retract_above: int | None = None) -> int:
-        """Back to `checkpoint`: commits `handles` ((checkpoint, handle) pairs, all <= it),
-        drops everything else staged, and takes back output committed under a checkpoint above
-        `retract_above` (default: `checkpoint`); returns how many records it committed."""
-        self.abort()
-        return 0
-
-    def abort(self) -> None:
-        """Drops what is staged and not committed."""
-        self.pending.clear()
-        self.held = {}
-
-    def close(self) -> None:
-        pass
 
 
 def _msgpack_default(obj: Any) -> Any:
@@ -155,13 +73,13 @@ class Files(Sink):
             raise PipelineError(
                 f"unknown option(s) {', '.join(sorted(unknown))}; Files takes directory, format",
                 "sinks.Files",
-                _declared_at(),
+                declared_at(),
             )
         if format not in self.FORMATS:
             raise PipelineError(
                 f"unknown format {format!r}; formats: {', '.join(self.FORMATS)}",
                 "sinks.Files",
-                _declared_at(),
+                declared_at(),
             )
         self.directory = directory
         self.format = format
@@ -203,7 +121,7 @@ def _arrow_table(recs: list) -> Any:
     as two columns), "values" (one column), "json" (one column of JSON text, for records whose
     types Arrow cannot put in one column). The layout is chosen by the first record and checked
     by the conversion itself: a record of another shape falls through to the next layout."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
     def tagged(table: Any, layout: str) -> Any:
         return table.replace_schema_metadata({LAYOUT_KEY: layout.encode()})
@@ -229,7 +147,7 @@ def _arrow_table(recs: list) -> Any:
 
 def _parquet_records(path: str) -> list:
     """The records of a Parquet part file, as `_arrow_table` laid them out."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
     table = pq.read_table(path)
     layout = (table.schema.metadata or {}).get(LAYOUT_KEY, b"rows").decode()
@@ -285,8 +203,8 @@ class _OpenFile:
         return True
 
     def _row_group(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
+        import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, self.schema)
@@ -490,7 +408,7 @@ class LevelDB(Sink):
             raise PipelineError(
                 f"unknown option(s) {', '.join(sorted(options))}; LevelDB takes directory",
                 "sinks.LevelDB",
-                _declared_at(),
+                declared_at(),
             )
         self.directory = directory
 
@@ -501,8 +419,6 @@ class LevelDB(Sink):
         return _LevelDBPart(self.directory, worker)
 
     def read_committed(self) -> dict:
-        import plyvel
-
         out: dict = {}
         if not os.path.isdir(self.directory):
             return out
@@ -522,8 +438,6 @@ class LevelDB(Sink):
 
 class _LevelDBPart(SinkPart):
     def __init__(self, directory: str, worker: int) -> None:
-        import plyvel
-
         super().__init__()
         self.staging = os.path.join(directory, "_staging")
         os.makedirs(self.staging, exist_ok=True)
@@ -622,7 +536,7 @@ class Console(Sink):
             raise PipelineError(
                 f"unknown option(s) {', '.join(sorted(options))}; Console takes none",
                 "sinks.Console",
-                _declared_at(),
+                declared_at(),
             )
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:

@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nosync.api.pipeline import _declared_at
+from nosync.api.where import declared_at
 from nosync.errors import BadRecord, PipelineError
 
 Chunk = tuple[list, Any]
@@ -54,7 +54,7 @@ def _check_options(kind: str, options: dict, known: set[str]) -> None:
         raise PipelineError(
             f"unknown option(s) {', '.join(sorted(unknown))}; {kind} takes {', '.join(sorted(known))}",
             kind,
-            _declared_at(),
+            declared_at(),
         )
 
 
@@ -83,7 +83,7 @@ class Generator(Source):
         elif skew < 0:
             bad = f"skew must be >= 0 (0: uniform; Zipf exponent otherwise), got {skew!r}"
         if bad:
-            raise PipelineError(bad, "Generator", _declared_at())
+            raise PipelineError(bad, "Generator", declared_at())
         self.records, self.keys, self.skew, self.fn, self.seed = records, keys, skew, fn, seed
         self.partitions_ = partitions
 
@@ -138,7 +138,7 @@ class Files(Source):
             raise PipelineError(
                 f"unknown file format {fmt!r} for {path}; formats: {', '.join(self.FORMATS)}",
                 "Files",
-                _declared_at(),
+                declared_at(),
             )
         self.format = fmt
         self.encoding = options.get("encoding", "utf-8")
@@ -154,7 +154,7 @@ class Files(Source):
         parts = []
         for f in self._files():
             if self.format == "parquet":
-                import pyarrow.parquet as pq
+                import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
                 for rg in range(pq.ParquetFile(f).num_row_groups):
                     parts.append({"file": f, "row_group": rg})
@@ -208,7 +208,7 @@ class Files(Source):
                 yield recs, pos
 
     def _read_csv(self, part: dict, offset: Any, chunk: int, on_bad: BadHandler) -> Iterator[Chunk]:
-        import pyarrow.csv as pacsv
+        import pyarrow.csv as pacsv  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
         path = part["file"]
         bad_rows: list[BadRecord] = []
@@ -256,7 +256,7 @@ class Files(Source):
         report()  # bad rows of a last block that had no good row
 
     def _read_parquet(self, part: dict, offset: Any, chunk: int) -> Iterator[Chunk]:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
         table = pq.ParquetFile(part["file"]).read_row_group(part["row_group"])
         pos = int(offset or 0)
@@ -276,7 +276,7 @@ class TcpLines(Source):
     def __init__(self, host: str, port: int, **options: Any) -> None:
         _check_options("TcpLines", options, {"encoding"})
         if not isinstance(port, int) or not 0 < port < 65536:
-            raise PipelineError(f"port must be 1..65535, got {port!r}", "TcpLines", _declared_at())
+            raise PipelineError(f"port must be 1..65535, got {port!r}", "TcpLines", declared_at())
         self.host, self.port = host, port
         self.encoding = options.get("encoding", "utf-8")
 

@@ -128,8 +128,8 @@ def _add_caught_up(recoveries: list[dict], rows: list[dict]) -> None:
 
 
 def write(run_dir: str, summary: dict, samples: list[dict], done: dict[int, dict], tables: dict | None = None) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
+    import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:

@@ -14,6 +14,7 @@ and number of workers.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -29,10 +30,11 @@ from nosync.api.pipeline import require_replayable
 from nosync.api.plan import plan
 from nosync.driver import metrics
 from nosync.driver.coordinator import Coordinator
+from nosync.driver.task import worker_main
 from nosync.errors import NosyncError, RunFailed
 from nosync.modes import get_mode
-from nosync.runtime.worker import worker_main
 from nosync.spark.session import check_slots, get_spark
+from nosync.state import checkpoints
 
 SAMPLE_S = 0.25
 """How often the run's progress is sampled (throughput.parquet, the progress callback)."""
@@ -255,10 +257,6 @@ def _check_run_dir(run_dir: str, same: dict, resume: bool) -> None:
     """Refuses a run directory that another run's state would be mixed with; a resumed run must
     be the same pipeline, mode, number of workers and batch size (source positions count
     records inside chunks of that size)."""
-    import json
-
-    from nosync.runtime import checkpoints
-
     info_path = os.path.join(run_dir, "run.json")
     has_state = bool(checkpoints.completed(run_dir)) or os.path.isdir(os.path.join(run_dir, "state"))
     if not resume:
@@ -278,8 +276,6 @@ def _check_run_dir(run_dir: str, same: dict, resume: bool) -> None:
 
 
 def _write_json(path: str, data: dict) -> None:
-    import json
-
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f)

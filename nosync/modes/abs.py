@@ -37,15 +37,18 @@ until loop bodies cross workers.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 from lsm import ValueEncodingError
 from nosync.errors import RunFailed
-from nosync.modes import Mode, WorkerHooks, open_store
-from nosync.runtime import checkpoints
-from nosync.runtime.operators import EOS, JoinOp, SinkOp
+from nosync.modes.base import Mode
+from nosync.runtime.hooks import WorkerHooks
+from nosync.runtime.keyed import JoinOp
+from nosync.runtime.operators import EOS, SinkOp
+from nosync.state import checkpoints
+from nosync.state.checkpoints import STATE, restore_keyed, state_path
+from nosync.state.stores import open_store
 
 log = logging.getLogger("nosync.abs")
 
@@ -58,27 +61,10 @@ aborted checkpoints between them, the oldest files can name versions already com
 which `rewind` finds out and says."""
 
 
-STATE = "state"
-"""The name of an operator's keyed state in its store."""
-
-
-def state_path(run_dir: str, worker: int, operator: str) -> str:
-    return os.path.join(run_dir, "state", f"w{worker}", operator)
-
-
 def take_keyed(op: Any) -> Any:
     """The keyed updates of `op` since its last snapshot, as `append` takes them (a join's:
     its increments, as columns)."""
     return op.take_increments() if isinstance(op, JoinOp) else op.take_updates()
-
-
-def restore_keyed(op: Any, store: Any, as_of: int | None = None) -> None:
-    """Gives `op` the keyed state its store held after seq `as_of` (None: its last)."""
-    state = store.load(STATE, as_of=as_of)
-    if isinstance(op, JoinOp):
-        op.restore_increments(state)
-    else:
-        op.restore_state(state)
 
 
 # -- the worker half -------------------------------------------------------------------

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from nosync.errors import RunFailed
-from nosync.modes import Mode, WorkerHooks
+from nosync.modes.base import Mode
+from nosync.runtime.hooks import WorkerHooks
 
 
 class NoneHooks(WorkerHooks):

@@ -38,8 +38,11 @@ import time
 from typing import Any
 
 from nosync.errors import RunFailed
-from nosync.modes import Mode, WorkerHooks
-from nosync.runtime.operators import KeyedOp, SinkOp
+from nosync.modes.base import Mode
+from nosync.runtime.hooks import WorkerHooks
+from nosync.runtime.keyed import KeyedOp
+from nosync.runtime.operators import SinkOp
+from nosync.spark.batch import load_states, recompute_states, warm_up_soon
 
 log = logging.getLogger("nosync.replay")
 
@@ -80,8 +83,6 @@ class ReplayHooks(WorkerHooks):
             s.part.abort()  # staged, never committed: it is recomputed
         if epoch < 0:
             return  # nothing committed anywhere yet: the run starts over
-        from nosync.spark.batch import load_states
-
         saved = load_states(restore["dir"], worker.index)
         for op in worker.ops:
             got = saved.get(op.name)
@@ -151,8 +152,6 @@ class ReplayMode(Mode):
         self.spec = spec
         # the first batch job of a session starts Python workers and compiles what Arrow
         # needs; done now, on the spare slots, it is not paid at the first failure
-        from nosync.spark.batch import warm_up_soon
-
         warm_up_soon(spark, spec["workers"], "replay")
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
@@ -201,8 +200,6 @@ class ReplayMode(Mode):
         return None
 
     def _recompute(self, epoch: int, dump: str, result: dict) -> None:
-        from nosync.spark.batch import recompute_states
-
         t0 = time.time()
         try:
             got = recompute_states(

@@ -28,17 +28,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from itertools import repeat
-from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgpack
-
-from lsm import TOMBSTONE, Updates
-from lsm.keys import check_keys, encode_key
+from lsm.keys import check_keys
 from nosync.api.pipeline import Node
-from nosync.errors import PipelineError, RunFailed
-from nosync.runtime import statecodec
+from nosync.errors import BadRecord, RunFailed
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
 EOS = 1 << 62
 """The epoch of a finished channel."""
@@ -263,355 +260,6 @@ class UnionOp(Op):
     pass
 
 
-class KeyedOp(Op):
-    """Base of operators with per-key state (a dict); with `track_dirty`, `dirty` collects the
-    keys that processing changed, for modes that persist updates."""
-
-    def __init__(self, node: Node) -> None:
-        super().__init__(node)
-        self.state: dict = {}
-        self.dirty: set = set()
-        self.pairs: list = []
-        """Updates logged as they were made (operators whose output is each key's new state),
-        packed: (n, msgpack array of n [key, value] pairs) per batch."""
-
-    def note_changes(self, records: list, out: list | None) -> None:
-        self.dirty.update([r[0] for r in records])
-
-    def take_updates(self) -> Updates:
-        """The keyed updates since the last call, and forgets them: the batches of updates
-        logged as they were made (`pairs`), then a key column and a value column of the other
-        keys changed (TOMBSTONE for a deleted key), gathered by one C pass. The values are the
-        live objects: the caller copies them (the store packs them) before the next record is
-        processed. Every key passed `KeyByOp`'s check (`checked`)."""
-        keys = list(self.dirty)
-        self.dirty = set()
-        pairs, self.pairs = self.pairs, []
-        return Updates(keys, list(map(self.state.get, keys, repeat(TOMBSTONE))), pairs, True)
-
-    def forget_updates(self) -> None:
-        self.dirty = set()
-        self.pairs = []
-
-    def state_error(self, e: Exception) -> RunFailed:
-        """The error of a snapshot whose state cannot be saved (`lsm.ValueEncodingError`),
-        naming this operator, the key and the type."""
-        key = getattr(e, "key", None)
-        cause = getattr(e, "cause", e)
-        return RunFailed(
-            f"operator '{self.name}' (declared at {self.node.where}): the state of key {key!r:.60} "
-            f"cannot be saved: {cause}"
-        )
-
-    def restore_state(self, state: dict) -> None:
-        """Takes `state` (a store's `load`: key -> value) as this instance's keyed state."""
-        self.state = state
-
-    def saved_state(self) -> list:
-        """Every key's value, saved as `take_updates` saves it."""
-        save = self._save
-        scalar = _SCALARS
-        return [(k, v if type(v) in scalar else save(k, v)) for k, v in self.state.items()]
-
-    def check_saved(self, keys: int) -> None:
-        """Saves the state of the `keys` keys this instance took on last, as a snapshot would,
-        and drops the bytes: raises RunFailed naming the operator, the key and the type when
-        one cannot be saved. For modes that save state only when recovering."""
-        state = self.state
-        scalar = _SCALARS
-        for n, k in enumerate(reversed(state)):
-            if n >= keys:
-                break
-            v = state[k]
-            if type(v) not in scalar:
-                self._save(k, v)
-
-    def _save(self, k: Any, v: Any) -> bytes:
-        try:
-            return statecodec.pack(v)
-        except TypeError as e:
-            raise RunFailed(
-                f"operator '{self.name}' (declared at {self.node.where}): the state of key {k!r:.60} "
-                f"cannot be saved: {e}"
-            ) from None
-
-    def lazy(self, loader: Callable[[Any], Any], raw: bool = False) -> None:
-        """Restores lazily: a key's saved value is loaded by `loader(key)` (MISSING_STATE when
-        it has none) the first time a record touches it, so a restore costs nothing up front.
-        With `raw`, the loader returns the state itself, not a saved value."""
-        self.loader = loader
-        self.looked: set = set()
-        self.raw_state = raw
-
-    def fault_in(self, records: list) -> None:
-        state = self.state
-        looked = self.looked
-        load = self.loader
-        unpack = statecodec.unpack
-        for r in records:
-            k = r[0]
-            if k in state or k in looked:
-                continue
-            looked.add(k)
-            v = load(k)
-            if v is not MISSING_STATE:
-                state[k] = unpack(v) if type(v) is bytes and not self.raw_state else v
-
-    def restore_keyed(self, items: Any, keepalive: Callable[[], None] = lambda: None) -> None:
-        """Loads (key, saved value) pairs written by `take_updates`."""
-        state = self.state
-        unpack = statecodec.unpack
-        for i, (k, v) in enumerate(items):
-            state[k] = unpack(v) if type(v) is bytes else v
-            if i & 0x3FFF == 0:
-                keepalive()
-
-    def metrics(self) -> dict:
-        m = super().metrics()
-        m["keys"] = len(self.state)
-        return m
-
-
-class _LogsOutput(KeyedOp):
-    """An operator whose output is, record by record, (key, the key's new state): its updates
-    are logged as it emits them, packed while they are at hand, so that a snapshot gathers
-    nothing. A batch whose states are not plain msgpack values (a tuple or another container
-    whose type must come back) is noted as changed keys instead.
-
-    When keys repeat within an interval, the changed keys are the smaller record: once an
-    interval logged more than twice as many updates as the operator has keys, the next ones
-    note changed keys (a snapshot writes each once, with its value then); once fewer than
-    half the updates noted were of keys not noted before, they are logged again. Either way a
-    snapshot's run holds the pairs logged, then the changed keys, the latter winning."""
-
-    def __init__(self, node: Node) -> None:
-        super().__init__(node)
-        self.by_keys = False
-        """Whether updates are noted as changed keys rather than logged as pairs."""
-        self._noted = 0
-
-    def note_changes(self, records: list, out: list | None) -> None:
-        if not out:
-            return
-        self._noted += len(out)
-        if not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN:
-            try:
-                self.pairs.append((len(out), _PAIRS.pack(out)))
-                return
-            except (OverflowError, ValueError, TypeError):
-                _PAIRS.reset()
-        self.dirty.update(map(_first, out))
-
-    def take_updates(self) -> Updates:
-        logged = sum(n for n, _ in self.pairs)
-        noted, self._noted = self._noted, 0
-        u = super().take_updates()
-        if not noted:
-            return u
-        if not self.by_keys:
-            self.by_keys = logged > 2 * len(self.state)
-        else:
-            self.by_keys = 2 * len(u.keys) <= noted
-        return u
-
-    def forget_updates(self) -> None:
-        super().forget_updates()
-        self._noted = 0
-
-
-class ReduceOp(_LogsOutput):
-    def process(self, records: list, epoch: int, channel: Any) -> list:
-        fn = self.node.params["fn"]
-        state = self.state
-        get = state.get
-        out = []
-        append = out.append
-        missing = _MISSING
-        for k, v in records:
-            acc = get(k, missing)
-            acc = v if acc is missing else fn(acc, v)
-            state[k] = acc
-            append((k, acc))
-        return out
-
-
-class AggregateOp(_LogsOutput):
-    def process(self, records: list, epoch: int, channel: Any) -> list:
-        init = self.node.params["init"]
-        add = self.node.params["add"]
-        state = self.state
-        get = state.get
-        out = []
-        append = out.append
-        missing = _MISSING
-        for k, v in records:
-            acc = get(k, missing)
-            if acc is missing:
-                acc = init()
-            acc = add(acc, v)
-            state[k] = acc
-            append((k, acc))
-        return out
-
-
-class StatefulMapOp(KeyedOp):
-    def process(self, records: list, epoch: int, channel: Any) -> list:
-        fn = self.node.params["fn"]
-        state = self.state
-        out: list = []
-        ext = out.extend
-        for k, v in records:
-            new, outputs = fn(state.get(k), v)
-            if new is None:
-                state.pop(k, None)
-            else:
-                state[k] = new
-            ext(outputs)
-        return out
-
-
-class WindowOp(KeyedOp):
-    """Tumbling event-time windows; state[key] = {window start: acc}. A window closes when
-    the watermark reaches its end; a record for a window already closed is late: counted in
-    `late`, and dropped."""
-
-    def __init__(self, node: Node) -> None:
-        super().__init__(node)
-        self.seen_max: dict = {}
-        self.closed_before = None
-        self.late = 0
-
-    def process(self, records: list, epoch: int, channel: Any) -> None:
-        p = self.node.params
-        size, timef, init, add = p["size"], p["time"], p["init"], p["add"]
-        state = self.state
-        closed = self.closed_before
-        top = self.seen_max.get(channel)
-        for k, v in records:
-            t = timef(v)
-            if top is None or t > top:
-                top = t
-            start = (t // size) * size
-            if closed is not None and start + size <= closed:
-                self.late += 1
-                continue
-            wins = state.get(k)
-            if wins is None:
-                wins = state[k] = {}
-            acc = wins.get(start, _MISSING)
-            wins[start] = add(init() if acc is _MISSING else acc, v)
-        self.seen_max[channel] = top
-        return None
-
-    def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
-        top = self.seen_max.get(channel)
-        if top is not None:
-            prev = self.input_wm.get(channel)
-            if prev is None or top > prev:
-                self.input_wm[channel] = top
-        super().marker(channel, epoch, None, eos)
-
-    def watermark(self) -> Any:
-        if self.frontier == EOS:
-            return None
-        return super().watermark()
-
-    def on_frontier(self, epoch: int, wm: Any) -> None:
-        size = self.node.params["size"]
-        out = []
-        final = epoch == EOS
-        if not final and wm is None:
-            return
-        dirty = self.dirty if self.track_dirty else None
-        # in key order, not arrival order: a restored instance emits the same output
-        for k in sorted(self.state, key=encode_key):
-            wins = self.state[k]
-            closing = [start for start in sorted(wins) if final or start + size <= wm]
-            if not closing:
-                continue
-            for start in closing:
-                out.append((k, (start, wins.pop(start))))
-            if not wins:
-                del self.state[k]
-            if dirty is not None:
-                dirty.add(k)
-        if not final:
-            self.closed_before = wm if self.closed_before is None else max(self.closed_before, wm)
-        if out:
-            # at the end of input, what closes belongs to an epoch after every one seen, which
-            # no sink downstream can have committed yet
-            self.emit(out, self.last_epoch + 1 if final else epoch)
-        return None
-
-    def metrics(self) -> dict:
-        m = super().metrics()
-        m["late"] = self.late
-        return m
-
-    def snapshot_meta(self) -> dict:
-        return {
-            **super().snapshot_meta(),
-            "seen_max": dict(self.seen_max),
-            "closed_before": self.closed_before,
-            "late": self.late,
-        }
-
-    def restore_meta(self, meta: dict) -> None:
-        super().restore_meta(meta)
-        self.seen_max = {c: t for c, t in meta["seen_max"].items() if c in self.inputs}
-        self.closed_before = meta["closed_before"]
-        self.late = meta["late"]
-
-
-class JoinOp(KeyedOp):
-    """Symmetric hash join: state[key] = ([left values], [right values])."""
-
-    def __init__(self, node: Node, left_channels: set) -> None:
-        super().__init__(node)
-        self.left_channels = left_channels
-        self.incremental = False
-        """Collect what each batch appended (`take_increments`) instead of dirty keys: the
-        sides only grow, so a mode that logs state writes the new values, not the sides."""
-        self.appended: list = []
-
-    def process(self, records: list, epoch: int, channel: Any) -> list:
-        state = self.state
-        left = channel in self.left_channels
-        side = 0 if left else 1
-        log = self.appended if self.incremental else None
-        out = []
-        for k, v in records:
-            sides = state.get(k)
-            if sides is None:
-                sides = state[k] = ([], [])
-            mine = sides[side]
-            mine.append(v)
-            if log is not None:
-                log.append((k, side, len(mine) - 1, v))
-            if left:
-                out.extend((k, (v, r)) for r in sides[1])
-            else:
-                out.extend((k, (lv, v)) for lv in sides[0])
-        return out
-
-    def take_increments(self) -> tuple[list, list]:
-        """The values appended since the last call, as a key column of (key, side, index) and a
-        value column; forgets them. The sides only grow, so a mode that logs state writes the
-        new values, not the sides."""
-        appended, self.appended = self.appended, []
-        return [(k, side, i) for k, side, i, _ in appended], [v for *_, v in appended]
-
-    def restore_increments(self, increments: dict) -> None:
-        """Rebuilds the sides from logged increments ((key, side, index) -> value)."""
-        state: dict = {}
-        for (k, side, _), v in sorted(increments.items(), key=lambda kv: kv[0][2]):
-            sides = state.get(k)
-            if sides is None:
-                sides = state[k] = ([], [])
-            sides[side].append(v)
-        self.state = state
-
-
 class IterateOp(Op):
     """Runs the loop body on a batch until no record is kept (bounded by max_iterations)."""
 
@@ -750,37 +398,135 @@ class SinkOp(Op):
         self.committed += n
 
 
-_MISSING = object()
-MISSING_STATE = object()
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
-"""Values plain msgpack gives back as they were."""
-_PAIRS = msgpack.Packer(use_bin_type=True)
-_first = itemgetter(0)
-_second = itemgetter(1)
-"""What a lazy loader returns for a key without saved state."""
-_SCALARS = frozenset({int, float, str, bool, type(None)})
-
-
 def _ignore_event(channel: Any, ev: dict) -> None:
     pass
 
 
-OPS: dict[str, type[Op]] = {
-    "map": MapOp,
-    "flat_map": FlatMapOp,
-    "filter": FilterOp,
-    "key_by": KeyByOp,
-    "union": UnionOp,
-    "loop_entry": Op,
-    "reduce": ReduceOp,
-    "aggregate": AggregateOp,
-    "stateful_map": StatefulMapOp,
-    "window": WindowOp,
-}
+class SourceOp(Op):
+    """Reads this worker's partitions of one source, epoch by epoch, round robin.
 
+    A partition's position names exactly the next record to read: `[offset, skip]`, where
+    `offset` is where `source.read` starts the chunk being consumed and `skip` counts the
+    records of it already emitted. Every source reads the same chunks again from the same
+    offset, so a restart from a position emits exactly the records after it.
+    """
 
-def make_op(node: Node) -> Op:
-    cls = OPS.get(node.kind)
-    if cls is None:
-        raise PipelineError(f"no runtime operator for kind {node.kind!r}", node.name, node.where)
-    return cls(node)
+    def __init__(self, node: Any, parts: list[dict], worker: Worker) -> None:
+        super().__init__(node)
+        self.source = node.params["source"]
+        self.w = worker
+        self.parts = [
+            {"part": p, "iter": None, "offset": None, "skip": 0, "chunk": None, "next": None, "read": 0, "done": False}
+            for p in parts
+        ]
+        self.epoch = 0
+        self.started = time.monotonic()
+        self.finished = False
+        self._mute = False
+
+    def _on_bad(self, bad: BadRecord) -> None:
+        if not self._mute:
+            self.w.dead_letter(self.name, bad)
+
+    def _next_chunk(self, st: dict, limit: int) -> list:
+        """Up to `limit` records of the partition, from its position on."""
+        chunk = st["chunk"]
+        while chunk is None or st["skip"] >= len(chunk):
+            drop = 0
+            if chunk is not None:
+                # consumed whole: the next chunk starts where this one said
+                st["offset"], st["skip"], st["chunk"] = st["next"], 0, None
+            if st["iter"] is None:
+                # (re)opened at a position: the records of its first chunk already emitted go
+                st["iter"] = self.source.read(st["part"], st["offset"], self.w.batch_size, self._on_bad)
+                drop = st["skip"]
+            # a chunk read again from a position inside it was read whole before: its bad
+            # records went to the dead letters then
+            self._mute = drop > 0
+            try:
+                recs, st["next"] = next(st["iter"])
+            except StopIteration:
+                st["done"] = True
+                return []
+            finally:
+                self._mute = False
+            chunk = st["chunk"] = recs
+            st["skip"] = drop
+        i = st["skip"]
+        recs = chunk[i : i + limit]
+        st["skip"] = i + len(recs)
+        return recs
+
+    def time_epoch(self) -> int:
+        """The epoch the clock says (sources cut by --epoch-ms)."""
+        return int((time.monotonic() - self.started) * 1000 // self.w.epoch_ms)
+
+    def poll(self, now_epoch: int | None = None) -> bool:
+        """Reads and pushes one chunk; returns False once the source is exhausted. With
+        --epoch-ms, `now_epoch` is the clock's epoch to use (a replay repeats the one logged)."""
+        if self.finished:
+            return False
+        w = self.w
+        per_epoch = w.epoch_records
+        if w.epoch_ms:
+            e = self.time_epoch() if now_epoch is None else now_epoch
+            if e > self.epoch:
+                self._close_epoch(e - 1)
+                self.epoch = e
+        for st in self.parts:
+            if st["done"]:
+                continue
+            limit = w.batch_size
+            if not w.epoch_ms:
+                room = (self.epoch + 1) * per_epoch - st["read"]
+                if room <= 0:
+                    continue
+                limit = min(limit, room)
+            recs = self._next_chunk(st, limit)
+            if recs:
+                st["read"] += len(recs)
+                w.clock.ts = time.time()
+                if w.first_read_at is None:
+                    w.first_read_at = w.clock.ts
+                self.records_in += len(recs)
+                self.emit(recs, self.epoch)
+                if w.slow_s:
+                    time.sleep(w.slow_s)
+                return True
+            if not st["done"]:
+                return True
+        if all(st["done"] for st in self.parts):
+            self.finished = True
+            self._close_epoch(EOS)
+            return False
+        if not w.epoch_ms:
+            self._close_epoch(self.epoch)
+            self.epoch += 1
+        return True
+
+    def _close_epoch(self, epoch: int) -> None:
+        self.frontier = epoch
+        for _, mark, _, chan in self.targets:
+            mark(chan, epoch, None, epoch == EOS)
+
+    def snapshot_meta(self) -> dict:
+        return {
+            **super().snapshot_meta(),
+            "epoch": self.epoch,
+            "finished": self.finished,
+            "records_in": self.records_in,
+            "parts": [[st["offset"], st["skip"], st["read"], st["done"]] for st in self.parts],
+        }
+
+    def restore_meta(self, meta: dict) -> None:
+        super().restore_meta(meta)
+        self.epoch = meta["epoch"]
+        self.finished = meta["finished"]
+        self.records_in = meta["records_in"]
+        if len(meta["parts"]) != len(self.parts):
+            raise RunFailed(
+                f"source '{self.name}': the checkpoint has {len(meta['parts'])} partitions on this worker, "
+                f"the pipeline now has {len(self.parts)}"
+            )
+        for st, (offset, skip, read, done) in zip(self.parts, meta["parts"], strict=True):
+            st.update(offset=offset, skip=skip, read=read, done=done, iter=None, chunk=None, next=None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from nosync.errors import NosyncError
@@ -28,7 +29,7 @@ def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
     its master matches."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # lazy: pyspark costs ~1 s to import and only this path needs it
 
     master = master or default_master(workers)
     active = SparkSession.getActiveSession()
@@ -59,8 +60,6 @@ def check_slots(spark: Any, workers: int, why: str = "", wait_s: float = 60.0) -
     """Every worker must run at once: refuse a master with fewer task slots than workers
     (`why` says what the slots are for, when not only workers). A cluster's executors
     register after the session starts, so wait for them a while."""
-    import time
-
     sc = spark.sparkContext
     deadline = time.monotonic() + (0 if sc.master.startswith("local") else wait_s)
     slots = sc.defaultParallelism

@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from nosync.api import sinks
 from nosync.errors import NosyncError
 
 EPOCH_EOS = 1 << 62
@@ -47,8 +48,6 @@ def _key_of(record: Any, key: str | None) -> Any:
 def diff_outputs(a: str, b: str, out_path: str, key: str | None = None, top: int = 10) -> dict:
     """Compares the committed outputs in directories `a` and `b`; writes every difference to
     `out_path` (JSON lines) and returns a summary."""
-    from nosync.api import sinks
-
     ka, kb = _kind(a), _kind(b)
     if ka != kb:
         raise NosyncError(f"{a} holds a {ka} output and {b} a {kb} output: they cannot be compared")

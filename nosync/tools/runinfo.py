@@ -12,8 +12,12 @@ import os
 import re
 from typing import Any
 
+import lsm
 from lsm.files import copy_store, scratch_near, tree_bytes
 from nosync.errors import NosyncError
+from nosync.spark.batch import epoch_records_of
+from nosync.state.stores import read_store
+from nosync.tools.starts import SnapshotLogs, iter_usable_checkpoints
 
 TIERS = ("log", "disk", "remote")
 """The directories of an `lsm` store: the local log, the LevelDB disk tier, the remote tier."""
@@ -25,7 +29,7 @@ def _json(path: str) -> Any:
 
 
 def _parquet(path: str) -> list[dict]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
     return pq.read_table(path).to_pylist() if os.path.exists(path) else []
 
@@ -67,9 +71,6 @@ def _in_use(path: str) -> bool:
 
 def _durable(path: str) -> dict:
     """The seqs a store (a copy) holds and has made durable per tier."""
-    import lsm
-    from nosync.modes import read_store
-
     try:
         s = read_store(path)
     except lsm.LsmError as e:
@@ -84,10 +85,6 @@ def _first_cut_epoch(state_dir: str, run: dict) -> int | None:
     """The first epoch `rewind` can start from a consistent cut of a nosync run's retained
     snapshots, from copies of its stores under `state_dir` (None: none, or a store is
     missing or unreadable)."""
-    import lsm
-    from nosync.spark.batch import epoch_records_of
-    from nosync.tools.rewind import SnapshotLogs
-
     per_epoch = epoch_records_of(run)
     logs = SnapshotLogs(state_dir, int(run.get("workers") or 0), per_epoch)
     if logs.missing() is not None:
@@ -159,9 +156,6 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
         if on_disk and not run.get("epoch_ms"):
             # the first epoch `rewind` can start from a retained checkpoint (if its stores
             # still hold that checkpoint's versions: they keep the last abs.RETENTION)
-            from nosync.spark.batch import epoch_records_of
-            from nosync.tools.rewind import iter_usable_checkpoints
-
             per_epoch = epoch_records_of(run)
             try:
                 firsts = [first for *_, first in iter_usable_checkpoints(run_dir, run.get("pipeline"), per_epoch)]

@@ -247,7 +247,7 @@ def test_resume_after_the_driver_is_killed(tmp_path):
 
 
 def test_damaged_checkpoint_falls_back_to_the_one_before(tmp_path):
-    from nosync.runtime import checkpoints
+    from nosync.state import checkpoints
 
     # checkpoint 2 completes about 2 s in; the input lasts 5 s or more (6M records at the
     # fastest rate seen, 1.1M/s), so the kill falls inside it (at 2.5 s between checkpoints

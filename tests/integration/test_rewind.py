@@ -48,8 +48,8 @@ from test_abs import committed_pairs
 import nosync as ns
 from nosync.api.loader import load_pipeline
 from nosync.errors import NosyncError, PipelineError
-from nosync.runtime import checkpoints
 from nosync.spark.batch import keyed_state
+from nosync.state import checkpoints
 from nosync.tools.diff import diff_outputs
 from nosync.tools.rewind import check_compatible, choose_start, rewind
 from nosync.tools.runinfo import inspect_run

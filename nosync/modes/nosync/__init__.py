@@ -26,8 +26,8 @@ deterministic given its input order fails the run, naming the link and chan_seq)
 
 from nosync.modes.nosync.driver import NosyncMode
 from nosync.modes.nosync.hooks import HEADER_LINEAGE, NosyncHooks
-from nosync.modes.nosync.inputlog import InputLog
-from nosync.modes.nosync.layout import (
+from nosync.state.inputlog import InputLog
+from nosync.state.layout import (
     LINEAGE,
     META,
     OUT,

@@ -13,12 +13,15 @@ job on the run's own session (`span.py`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 from lineage import safe_point
-from nosync.modes import Mode
+from nosync.modes.base import Mode
 from nosync.modes.nosync.hooks import NosyncHooks
+from nosync.modes.nosync.span import run_span
+from nosync.spark.batch import warm_up_soon
 
 log = logging.getLogger("nosync.nosync")
 
@@ -54,13 +57,9 @@ class NosyncMode(Mode):
     def attach(self, spark: Any, spec: dict) -> None:
         self.spark, self.spec = spark, spec
         if self.threshold:
-            from nosync.spark.batch import warm_up_soon
-
             warm_up_soon(spark, spec["workers"], "span")
 
     def _span_job(self, worker: int, gen: int, msg: dict) -> None:
-        from nosync.modes.nosync.span import run_span
-
         try:
             got = run_span(self.spark, self.spec, {"worker": worker, "dir": msg["dir"], "tasks": msg["tasks"]})
             result = {"seconds": got["seconds"], "dir": msg["dir"]}
@@ -83,8 +82,6 @@ class NosyncMode(Mode):
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
         if msg.get("op") == "span":
-            import threading
-
             coord.event("span_job", worker=worker, step=int(msg.get("step", 0)))
             threading.Thread(
                 target=self._span_job, args=(worker, coord.gen, msg), name="nosync-span", daemon=True

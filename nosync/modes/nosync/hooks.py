@@ -52,53 +52,33 @@ from typing import Any
 
 import xxhash
 
-from lineage import Stash
-from lsm import ValueEncodingError
-from nosync.api.sinks import ALL
+from lineage import Stash, Step
 from nosync.errors import RunFailed
-from nosync.modes import WorkerHooks, open_store
-from nosync.modes.nosync.inputlog import InputLog
-from nosync.modes.nosync.layout import LINEAGE, META, OUT, input_store_path, pack, store_path
+from nosync.modes.nosync import recovery, span
 from nosync.modes.nosync.outlog import OutputLog
+from nosync.modes.nosync.snapshots import RETENTION, Pending, Snapshots
 from nosync.runtime import frames
-from nosync.runtime.operators import EOS, JoinOp, KeyedOp
+from nosync.runtime.hooks import WorkerHooks
+from nosync.runtime.operators import EOS
+from nosync.state.inputlog import InputLog
+from nosync.state.layout import input_store_path, store_path
+from nosync.state.stores import open_store
 
 log = logging.getLogger("nosync.nosync")
 
-RETENTION = 64
-"""Snapshots whose versions each worker's store keeps through merges (a rewind starts from a
-consistent cut of them)."""
 HEADER_LINEAGE = 1500
 """Lineage entries a frame's header carries at most, over all origins: an entry packs to 31
 bytes at most, so the header stays within its bound (frames.MAX_HEADER). More than that (a
 backlog: a peer that reconnected, a link that carries little) go in a LINEAGE frame of their
 own just before the frame, in order on the same link, so the receiver holds every entry the
 frame depends on before it processes it."""
-POINT_S = 0.05
-"""The longest a step stays without a lineage point (when no sink frontier moved meanwhile)."""
-POINT_GAP_S = 0.01
-"""The shortest time between two lineage points (a sink's frontier that moved asks for one)."""
 AHEAD_RECORDS = 500_000
 """Records a replaying worker holds credited, of the frames its peers send meanwhile: they go on
 at full speed while it replays (about 50 MB held). Beyond it, a frame that arrives waits for its
 credit until the replay processes it."""
-PERSISTED = -1
-"""The stash's mark for what lineage points persisted (as a peer's mark is for what it got)."""
 
 
-class Pending:
-    """An append not yet durable: a lineage point, perhaps with a snapshot."""
-
-    __slots__ = ("seq", "step", "frontier", "snapshot", "size", "taken", "cost", "read")
-
-    def __init__(self, seq: int, step: int, frontier: int, snapshot: dict | None, size: int, read: int) -> None:
-        self.seq, self.step, self.frontier, self.snapshot, self.size = seq, step, frontier, snapshot, size
-        self.taken = time.monotonic()
-        self.cost = 0.0
-        self.read = read
-
-
-class NosyncHooks(WorkerHooks):
+class NosyncHooks(Snapshots, WorkerHooks):
     name = "nosync"
     sink_commits_at_frontier = False
     tracks_dirty = True
@@ -205,14 +185,14 @@ class NosyncHooks(WorkerHooks):
 
     def poll_source(self, worker: Any, source: Any) -> bool:
         e = source.time_epoch() if worker.epoch_ms else None
-        self._log(("s", worker.sources.index(source), e))
+        self._log((Step.READ, worker.sources.index(source), e))
         return source.poll(e)
 
     def flush_routers(self, worker: Any) -> None:
         linger = worker.linger_s
         for ri, r in enumerate(worker.routers):
             for d in r.due(linger):
-                self._log(("f", ri, d))
+                self._log((Step.FLUSHED, ri, d))
                 r._send(d)
 
     def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
@@ -290,7 +270,7 @@ class NosyncHooks(WorkerHooks):
         ahead = self.ahead.get(j)
         if ahead:
             self.ahead_records -= ahead.pop(seq, 0)
-        self._log(("i", j, seq))
+        self._log((Step.CONSUMED, j, seq))
         self.consumed[j] = seq
         self.fps.setdefault(j, {})[seq] = h.get("fp")
 
@@ -438,203 +418,6 @@ class NosyncHooks(WorkerHooks):
             self._stall_from = time.perf_counter()
         return False
 
-    def _frontier(self, worker: Any) -> int:
-        # a loop's body runs inside its iterate operator's step and gets no markers: the
-        # iterate operator's frontier stands for it
-        return min((op.frontier for op in worker.ops if not op.node.params.get("loop_internal")), default=-1)
-
-    def _cut(self, worker: Any) -> None:
-        """Flushes every exchange buffer (a logged step), then logs the frame counters per link:
-        a cut a recovery can hand the steps before to a batch job (with a replay threshold)."""
-        self._log(("F",))
-        for r in worker.routers:
-            r.flush()
-        self._log(("C", [self.produced.get(d, 0) for d in range(worker.workers)]))
-        self.last_cut = self.step
-
-    def _precommit(self, worker: Any, seq: int, everything: bool) -> list:
-        """Pre-commits, under `seq`, what the sinks staged: at a lineage point, for sealed epochs
-        only, and not durably (a recovery's replay makes it again, the steps before it being
-        durable); at a snapshot, everything, durably (a restore starts after it), and every
-        earlier pre-commit not yet committed is made durable too. Returns [sink, seq, upto] of
-        each pre-commit made."""
-        made = []
-        for s in worker.sinks:
-            if everything:
-                s.harden()
-            upto = None if everything else min(s.frontier, s.last_epoch)
-            if not s.part.has_staged(ALL if upto is None else upto):
-                continue
-            s.precommit(seq, upto, durable=everything)
-            bound = s.last_epoch if upto is None else upto
-            self.pc_epochs.setdefault(s.name, {})[seq] = bound
-            made.append([s.name, seq, upto])
-        return made
-
-    def _append(self, worker: Any, runs: dict, snapshot: dict | None, pcs: list) -> None:
-        """One append to the store at the next seq: `runs`, and a lineage point (the entries
-        held that no earlier point persisted, the sinks' pre-commits `pcs` made under that
-        seq, the frontier)."""
-        seq = self.store.last_seq + 1
-        entries = {o: self.stash.delta(PERSISTED, o) for o in self.stash.origins()}
-        frontier = self._frontier(worker)
-        point = {
-            "step": self.step,
-            "entries": {o: e for o, e in entries.items() if e},
-            "pc": pcs,
-            "frontier": frontier,
-        }
-        runs[LINEAGE] = {0: pack(point)}
-        try:
-            size = self.store.append(seq, runs)
-        except ValueEncodingError as e:
-            raise worker.ops[e.state].state_error(e) from None
-        self.store.persist(self.tier)
-        self.unpersisted += size
-        read = sum(s.records_in for s in worker.sources)
-        self.pending.append(Pending(seq, self.step, frontier, snapshot, size, read))
-        self.point_step = self.step
-        self.last_point = time.monotonic()
-        self.sink_frontiers = {s.name: s.frontier for s in worker.sinks}
-        self.points += 1
-        self.point_bytes += size
-
-    def _snapshot(self, worker: Any) -> None:
-        t0 = time.thread_time()
-        if self.cut_steps:
-            self._cut(worker)
-        seq = self.store.last_seq + 1
-        # before the metadata, which holds the sinks' pre-commits
-        pcs = self._precommit(worker, seq, everything=True)
-        runs: dict = {}
-        for i, op in enumerate(worker.ops):
-            if isinstance(op, JoinOp):
-                runs[i] = op.take_increments()
-            elif isinstance(op, KeyedOp):
-                runs[i] = op.take_updates()
-        residue = self.outlog.residue()
-        runs[OUT] = residue
-        self.residue_bytes += sum(len(b) for b in residue.values())
-        meta = {
-            "step": self.step,
-            "ops": {op.name: op.snapshot_meta() for op in worker.ops},
-            "produced": self.produced,
-            "consumed": self.consumed,
-            "stash": {o: self.stash.entries(o) for o in self.stash.origins() if o != worker.index},
-            "pc_epochs": self.pc_epochs,
-            "frontier": self._frontier(worker),
-            "buffers": [
-                [r.edge, d, r.buffer_epoch[d], frames.pack_records(r.buffers[d], r.sender)]
-                for r in worker.routers
-                for d in range(r.n)
-                if r.buffers[d]
-            ],
-        }
-        runs[META] = {0: pack(meta)}
-        self.kept.append(seq)
-        if len(self.kept) > RETENTION:
-            # merges keep every version of the last RETENTION snapshots; narrowed before the
-            # append, so that no merge sees the new seq with the old window
-            self.store.options.retention = seq - self.kept[0]
-        snapshot = {
-            "step": self.step,
-            "consumed": dict(self.consumed),
-            "produced": dict(self.produced),
-        }
-        self._append(worker, runs, snapshot, pcs)
-        self.pending[-1].cost = time.thread_time() - t0
-        self.snapshots += 1
-        self.snapshot_bytes += self.pending[-1].size
-        self.snapshot_step = self.step
-        self.last_snapshot = time.monotonic()
-
-    def _under_way(self) -> int:
-        """Snapshots taken and not yet durable."""
-        return sum(1 for p in self.pending if p.snapshot is not None)
-
-    def poll(self, worker: Any) -> None:
-        if self.loader is not None:
-            self.loader.install_done(worker)
-        now = time.monotonic()
-        if worker.sinks:
-            ended = all(s.frontier == EOS for s in worker.sinks)
-        else:
-            ended = all(s.finished for s in worker.sources)
-        # Invariant: at most max_concurrent_snapshots are under way (not durable). A snapshot
-        # taken while the persister still works on the one before only queues behind it: it
-        # makes no recovery shorter (a recovery restores the last durable snapshot), and each
-        # writes every key changed since the last, so a persister that falls behind would fall
-        # further behind. Waiting lets the changed keys coalesce instead.
-        if (
-            self.step > self.snapshot_step
-            and not ended
-            and (now - self.last_snapshot >= self.interval_s or self.unpersisted > self.max_unpersisted)
-            and self._under_way() < self.max_concurrent_snapshots
-        ):
-            self._snapshot(worker)
-        elif self.step > self.point_step or self._sinks_moved(worker):
-            if (
-                ended
-                or now - self.last_point >= POINT_S
-                or (self._sinks_moved(worker) and now - self.last_point >= POINT_GAP_S)
-            ):
-                self._append(worker, {}, None, self._precommit(worker, self.store.last_seq + 1, everything=False))
-        if self.cut_steps and self.step - self.last_cut >= self.cut_steps:
-            self._cut(worker)
-        if self.pending:
-            self._durable(worker)
-
-    def _sinks_moved(self, worker: Any) -> bool:
-        return any(self.sink_frontiers.get(s.name, -1) != s.frontier for s in worker.sinks)
-
-    def _durable(self, worker: Any) -> None:
-        """Takes in the appends the store made durable: the worker's durable point moves, and
-        each durable snapshot sets the next interval from what it cost."""
-        durable = self.store.durable(self.tier)
-        if self.pending[0].seq > durable:
-            if self.store.error is not None:
-                log.warning("worker %s: persisting: %s", worker.index, self.store.error)
-            return
-        last = None
-        while self.pending and self.pending[0].seq <= durable:
-            p = self.pending.popleft()
-            self.unpersisted -= p.size
-            if p.snapshot is not None:
-                self._snapshot_durable(worker, p)
-            last = p
-        self.durable_seq = last.seq
-        self.stash.trim(worker.index, self.durable_step)
-        point = {
-            "step": self.durable_step,
-            "frontier": last.frontier,
-            "lstep": last.step,
-            "consumed": self.snap_point["consumed"] if self.snap_point else {},
-            "produced": self.snap_point["produced"] if self.snap_point else {},
-        }
-        worker.send_ctrl({"type": "mode", "op": "durable", "gen": worker.gen, "point": point})
-        self._commit_safe(worker)
-
-    snap_point: dict | None = None
-
-    def _snapshot_durable(self, worker: Any, p: Pending) -> None:
-        self.durable_step = p.step
-        self.snap_point = p.snapshot
-        now = time.monotonic()
-        st = self.store.stats
-        spent = st.persist_cpu_s + st.merge_cpu_s
-        cost = p.cost + max(0.0, spent - self._cost_base)
-        self._cost_base = spent
-        self.persist_s_total += cost
-        self.interval_s = max(self.persist_s, cost / self.budget)
-        self.intervals.append(self.interval_s)
-        # a loss just before this one was durable would have re-executed from the one before
-        prev = getattr(self, "_prev_durable", None)
-        if prev is not None:
-            self.span_s_max = max(self.span_s_max, now - prev[0])
-            read = sum(s.records_in for s in worker.sources)
-            self.span_records_max = max(self.span_records_max, read - prev[1])
-        self._prev_durable = (p.taken, p.read)
-
     def can_finish(self, worker: Any) -> bool:
         return (
             self.point_step == self.step
@@ -660,8 +443,6 @@ class NosyncHooks(WorkerHooks):
         )
 
     def on_start(self, worker: Any, peers: dict) -> None:
-        from nosync.modes.nosync import recovery, span
-
         self.w = worker
         self._reset()
         if self.outlog is not None:

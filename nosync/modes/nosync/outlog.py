@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from nosync.modes.nosync.layout import pack, unpack
+from nosync.codec import pack, unpack
 
 
 class OutputLog:

@@ -36,14 +36,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from lineage import LineageError, recovery_plan
+from nosync.codec import unpack
 from nosync.errors import RunFailed
-from nosync.modes.nosync.layout import LINEAGE, META, OUT, store_state, unpack
-from nosync.runtime import frames
-from nosync.runtime.operators import MISSING_STATE, JoinOp, KeyedOp, SinkOp, WindowOp
+from nosync.modes.nosync import span
+from nosync.modes.nosync.steps import execute, precommit_again
+from nosync.runtime.keyed import MISSING_STATE, JoinOp, KeyedOp, WindowOp
+from nosync.runtime.operators import SinkOp
+from nosync.state.layout import LINEAGE, META, OUT, store_state
 
 REPLAY_TIMEOUT_S = 120.0
 POLL_S = 0.005
@@ -209,8 +211,6 @@ class BulkLoader:
 def replay(h: Any, worker: Any) -> None:
     """Waits for a LINEAGE frame from every peer, then re-executes the logged steps after the
     snapshot, in their order."""
-    from nosync.modes.nosync import span
-
     h.replaying = True
     me = worker.index
     deadline = [time.monotonic() + REPLAY_TIMEOUT_S]
@@ -263,58 +263,3 @@ def replay(h: Any, worker: Any) -> None:
         h.replaying = False
     h.drain(worker)
     h.pc_at = {}
-
-
-def execute(h: Any, worker: Any, entry: tuple, pump: Any) -> None:
-    """Re-executes one logged step."""
-    kind = entry[0]
-    if kind == "i":
-        j, seq = int(entry[1]), int(entry[2])
-        f = next_frame(h, j, seq, pump)
-        h.consume(j, seq, f.header)
-        h.replayed_frames += 1
-        if f.kind == frames.DATA:
-            h.replayed_frame_records += len(f.body)
-        worker.process_frame(j, f)
-    elif kind == "s":
-        h._log(tuple(entry))
-        src = worker.sources[int(entry[1])]
-        before = src.records_in
-        src.poll(entry[2])
-        h.replayed_source_records += src.records_in - before
-    elif kind == "f":
-        h._log(tuple(entry))
-        worker.routers[int(entry[1])]._send(int(entry[2]))
-    elif kind == "F":
-        h._log(("F",))
-        for r in worker.routers:
-            r.flush()
-    elif kind == "C":
-        h._log(tuple(entry))
-        now = [h.produced.get(d, 0) for d in range(worker.workers)]
-        if list(entry[1]) != now:
-            raise RunFailed(
-                f"worker {worker.index}: replay reached a cut with frame counters {now}, the run had "
-                f"{list(entry[1])}: an operator is not deterministic given its input order"
-            )
-
-
-def precommit_again(h: Any, worker: Any, pcs: list) -> None:
-    """The pre-commits a lineage point made after this step, made again with the same ids and
-    epochs (the replay staged the same records)."""
-    sinks = {s.name: s for s in worker.sinks}
-    for name, c, upto in pcs:
-        s = sinks[name]
-        s.precommit(int(c), None if upto is None else int(upto), durable=False)
-        h.pc_epochs.setdefault(name, {})[int(c)] = s.last_epoch if upto is None else int(upto)
-
-
-def next_frame(h: Any, j: int, seq: int, pump: Any) -> Any:
-    """Frame `seq` of the link from worker `j`, the next in its queue once it arrived."""
-    q = h.queue.setdefault(j, deque())
-    while not q:
-        pump(0.05)
-    f = q.popleft()
-    if f.header["s"] != seq:
-        raise RunFailed(f"worker {h.w.index}: replay expected frame {seq} from worker {j}, got {f.header['s']}")
-    return f

@@ -38,20 +38,30 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
 from typing import Any
 
+from lineage import Step
+from lsm.files import copy_store
+from nosync import codec
+from nosync.api.loader import load_pipeline
 from nosync.api.pipeline import KEYED_KINDS
+from nosync.api.plan import plan
 from nosync.api.sinks import SinkPart
 from nosync.errors import RunFailed
-from nosync.modes import WorkerHooks, read_store
-from nosync.modes.nosync.layout import META, store_state
-from nosync.modes.nosync.layout import pack as _pack
-from nosync.modes.nosync.layout import unpack as _unpack
-from nosync.modes.nosync.recovery import next_frame, precommit_again
-from nosync.runtime import frames, statecodec
-from nosync.runtime.operators import KeyedOp, Op, SinkOp
-from nosync.runtime.worker import Router, Worker, key_hash
+from nosync.modes.nosync.steps import next_frame, precommit_again
+from nosync.runtime import frames
+from nosync.runtime.graph import key_hash
+from nosync.runtime.hooks import WorkerHooks
+from nosync.runtime.keyed import KeyedOp
+from nosync.runtime.operators import Op, SinkOp
+from nosync.runtime.router import Router
+from nosync.runtime.worker import Worker
+from nosync.spark.tasks import ERROR, SCHEMA, STATS, fail_fast, rows_batch
+from nosync.state.layout import META, store_state
+from nosync.state.stores import read_store
 
 log = logging.getLogger("nosync.nosync")
 
@@ -124,7 +134,7 @@ class _Capture(SinkPart):
 
     def write(self, epoch: int, records: list) -> None:
         if self.keep and records:
-            self.rows.append((self.task.step, self.task.ordinal, epoch, statecodec.pack(list(records))))
+            self.rows.append((self.task.step, self.task.ordinal, epoch, codec.pack_state(list(records))))
 
     def seal(self, epoch: int) -> None:
         pass
@@ -137,8 +147,7 @@ class _SpanWorker(Worker):
     router_class = _LocalRouter
 
     def __init__(self, index: int, spec: dict, task: int, tasks: int, pure_sinks: set) -> None:
-        super().__init__(index, 0, {**spec, "secret": b"", "mode": "none", "mode_options": {}})
-        self.hooks = _Hooks()
+        super().__init__(index, 0, {**spec, "secret": b"", "mode": "none", "mode_options": {}}, _Hooks())
         self.slow_s = 0.0
         self.task, self.tasks = task, tasks
         self.pure_sinks = pure_sinks
@@ -179,13 +188,6 @@ def _pure_sinks(p: Any) -> set:
 def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
     """Task `task` of a span job: writes its part of the worker's state at the cut to
     `<dir>/t<task>.msgpack`; returns what it did."""
-    import shutil
-    import tempfile
-
-    from lsm.files import copy_store
-    from nosync.api.loader import load_pipeline
-    from nosync.api.plan import plan
-
     t0 = time.time()
     me = int(job["worker"])
     p = plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
@@ -195,7 +197,7 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         if isinstance(op, KeyedOp):
             _gate(w, op)
     with open(os.path.join(job["dir"], "span.msgpack"), "rb") as f:
-        span = _unpack(f.read())
+        span = codec.unpack(f.read())
     scratch = tempfile.mkdtemp(prefix="nosync-span-", dir=job["dir"])
     store = None
     try:
@@ -204,7 +206,7 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         store = read_store(copy)
         restore = int(span["restore_seq"])
         raw = store.get(META, 0, as_of=restore) if restore >= 0 else None
-        metas = _unpack(raw)["ops"] if raw is not None else {}
+        metas = codec.unpack(raw)["ops"] if raw is not None else {}
         for i, op in enumerate(w.ops):
             m = metas.get(op.name)
             if m is not None:
@@ -216,19 +218,19 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         for step, entry in span["entries"]:
             w.step = int(step)
             kind = entry[0]
-            if kind == "i":
+            if kind == Step.CONSUMED:
                 j, fkind, header, body = next(inputs)
                 w.process_frame(int(j), frames.Frame(int(fkind), header, body))
-            elif kind == "s":
+            elif kind == Step.READ:
                 w.sources[int(entry[1])].poll(entry[2])
             # "f", "F", "C": flushes of buffers that hold nothing here (remote shares dropped)
         keyed = {}
         for i, op in enumerate(w.ops):
             if isinstance(op, KeyedOp):
                 u = op.take_updates()
-                changed = set(u.keys) | {k for _, chunk in u.pairs for k, _ in _unpack(chunk)}
+                changed = set(u.keys) | {k for _, chunk in u.pairs for k, _ in codec.unpack(chunk)}
                 keyed[i] = [
-                    (k, statecodec.pack(op.state[k]), False) if k in op.state else (k, None, True) for k in changed
+                    (k, codec.pack_state(op.state[k]), False) if k in op.state else (k, None, True) for k in changed
                 ]
         out = {
             "task": task,
@@ -241,7 +243,7 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         }
         path = os.path.join(job["dir"], f"t{task}.msgpack")
         with open(path + ".tmp", "wb") as f:
-            f.write(_pack(out))
+            f.write(codec.pack(out))
         os.replace(path + ".tmp", path)
         return {k: out[k] for k in ("task", "read", "folded", "seconds")}
     finally:
@@ -256,25 +258,23 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
 def run_span(spark: Any, spec: dict, job: dict) -> dict:
     """Runs the span job `job` ({"worker", "dir", "tasks"}) as one Spark job of `tasks`
     tasks; returns per task what it read and folded. Raises RunFailed with a task's error."""
-    from nosync.spark.batch import ERROR, SCHEMA, STATS, _fail_fast, _rows_batch
-
     tasks = int(job["tasks"])
     spec = {k: v for k, v in spec.items() if k != "secret"}
 
-    @_fail_fast
+    @fail_fast
     def run(batches: Any) -> Any:
         for batch in batches:
             for t in batch.column(0).to_pylist():
                 got = run_task(spec, job, int(t), tasks)
-                yield _rows_batch([(int(t), -1, int(t), 0, STATS, 0, _pack(got))])
+                yield rows_batch([(int(t), -1, int(t), 0, STATS, 0, codec.pack(got))])
 
     t0 = time.time()
     rows = spark.range(0, tasks, 1, tasks).mapInArrow(run, SCHEMA).select("kind", "data").collect()
     out = []
     for kind, data in rows:
         if kind == ERROR:
-            raise RunFailed(f"the span job of worker {job['worker']}: {_unpack(data)['text']}")
-        out.append(_unpack(data))
+            raise RunFailed(f"the span job of worker {job['worker']}: {codec.unpack(data)['text']}")
+        out.append(codec.unpack(data))
     return {"tasks": out, "seconds": time.time() - t0}
 
 
@@ -291,7 +291,7 @@ def load_results(job_dir: str, tasks: int, ordered: set) -> dict:
     got = []
     for t in range(tasks):
         with open(os.path.join(job_dir, f"t{t}.msgpack"), "rb") as f:
-            got.append(_unpack(f.read()))
+            got.append(codec.unpack(f.read()))
     meta = dict(got[0]["meta"])
     for g in got[1:]:
         for name, m in g["meta"].items():
@@ -308,7 +308,7 @@ def load_results(job_dir: str, tasks: int, ordered: set) -> dict:
             for t, g in enumerate(got)
             for n, (step, ordinal, epoch, data) in enumerate(g["sinks"][name])
         )
-        staged = [(step, ordinal, t, epoch, statecodec.unpack(data)) for step, ordinal, t, _, epoch, data in rows]
+        staged = [(step, ordinal, t, epoch, codec.unpack_state(data)) for step, ordinal, t, _, epoch, data in rows]
         if name in ordered:
             _check_order(name, staged)
         sinks[name] = [(epoch, recs) for _, _, _, epoch, recs in staged]
@@ -327,7 +327,7 @@ def _check_order(name: str, rows: list) -> None:
     for step, ordinal, t, _, recs in rows:
         for rec in recs:
             try:
-                k = _pack(rec[0])
+                k = codec.pack(rec[0])
             except (TypeError, IndexError, ValueError):
                 continue
             first = seen.setdefault((step, ordinal, k), t)
@@ -349,21 +349,17 @@ def hand_over(self: Any, worker: Any, entries: list, pump: Any) -> int:
     hands the steps up to its last usable cut to a Spark batch job (`nosync_span`) and
     loads what the job computed. Returns how many of `entries` that covered (0: none; the
     reason is kept in `span_reason`)."""
-    import shutil
-
-    from lsm.files import copy_store
-
     me, W = worker.index, worker.workers
     if self.cut_steps == 0:
         return 0  # the pipeline is not eligible: `span_reason` says why
     # the records the span reads again and takes from peers, a full chunk per step at most
-    size = sum(1 for _, e in entries if e[0] in ("s", "i")) * worker.batch_size
+    size = sum(1 for _, e in entries if e[0] in (Step.READ, Step.CONSUMED)) * worker.batch_size
     if size <= int(self.threshold):
         self.span_reason = f"the span ({size:,} records at most) is within the threshold"
         return 0
     cut = None
     for x, (_, e) in enumerate(entries):
-        if e[0] == "C" and all(int(e[1][j]) <= self.peer_consumed.get(j, 0) for j in range(W) if j != me):
+        if e[0] == Step.CUT and all(int(e[1][j]) <= self.peer_consumed.get(j, 0) for j in range(W) if j != me):
             cut = x
     if cut is None:
         self.span_reason = "the span holds no cut whose frames every survivor had consumed"
@@ -375,7 +371,7 @@ def hand_over(self: Any, worker: Any, entries: list, pump: Any) -> int:
     got: dict[int, list] = {}
     inputs = []
     for _, e in taken:
-        if e[0] == "i":
+        if e[0] == Step.CONSUMED:
             j = int(e[1])
             f = next_frame(self, j, int(e[2]), pump)
             worker.credit(j)  # held here, not in the link's window
@@ -393,7 +389,9 @@ def hand_over(self: Any, worker: Any, entries: list, pump: Any) -> int:
     job_dir = os.path.join(spans, f"w{me}-a{worker.attempt}-s{self.step}")
     os.makedirs(job_dir)
     with open(os.path.join(job_dir, "span.msgpack"), "wb") as out:
-        out.write(_pack({"restore_step": self.step, "restore_seq": self.snap_seq, "entries": taken, "frames": inputs}))
+        out.write(
+            codec.pack({"restore_step": self.step, "restore_seq": self.snap_seq, "entries": taken, "frames": inputs})
+        )
     t1 = time.perf_counter()
     # the job reads the store at the snapshot from a copy, made while nobody writes it
     if self.loader is not None:
@@ -485,7 +483,7 @@ def _apply_span(self: Any, worker: Any, taken: list, counters: list, got: dict, 
             if deleted:
                 op.state.pop(k, None)
             else:
-                op.state[k] = statecodec.unpack(v)
+                op.state[k] = codec.unpack_state(v)
             op.dirty.add(k)
             if looked is not None:
                 looked.add(k)
@@ -511,7 +509,7 @@ def _apply_span(self: Any, worker: Any, taken: list, counters: list, got: dict, 
         # epochs sealed when it was made, whose records are all staged now
         precommit_again(self, worker, self.pc_at.pop(step))
     for _, entry in taken:
-        if entry[0] == "i":
+        if entry[0] == Step.CONSUMED:
             self.consumed[int(entry[1])] = int(entry[2])
     for j, fs in got.items():
         fp = self.fps.setdefault(j, {})

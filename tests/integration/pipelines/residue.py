@@ -9,7 +9,7 @@ workers). Worker 1's state of a key carries `big` bytes besides the count. Outpu
 n = 1, 2, ... per key."""
 
 import nosync as ns
-from nosync.runtime.worker import partition_of
+from nosync.runtime.graph import partition_of
 
 
 def owned_keys(prefix: str, worker: int, n: int = 50) -> list[str]:

@@ -21,7 +21,7 @@ import lsm
 import nosync as ns
 from nosync.errors import RunFailed
 from nosync.modes.abs import STATE, AbsHooks
-from nosync.runtime.operators import make_op
+from nosync.runtime.graph import make_op
 
 TIMEOUT_S = 10.0
 """Bound on a flush; it takes milliseconds when it works."""

@@ -16,8 +16,8 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nosync.runtime import checkpoints
-from nosync.runtime.checkpoints import CheckpointError
+from nosync.state import checkpoints
+from nosync.state.checkpoints import CheckpointError
 
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 

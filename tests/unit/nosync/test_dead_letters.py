@@ -1,4 +1,4 @@
-"""A worker's dead-letter file, opened again after a crash (`worker.open_dead_letters`): the
+"""A worker's dead-letter file, opened again after a crash (`dead_letters.open_dead_letters`): the
 records it holds are known, so none is written twice; a last line the crash left without
 its newline is ended when whole and cut off when not, so the next record starts its own line."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from nosync.runtime.worker import open_dead_letters
+from nosync.runtime.dead_letters import open_dead_letters
 
 A = {"source": "lines", "file": "/in/a.jsonl", "position": {"line": 3}, "error": "not JSON"}
 B = {"source": "lines", "file": "/in/b.jsonl", "position": {"line": 9}, "error": "not JSON"}

@@ -18,7 +18,11 @@ from hypothesis import strategies as st
 import nosync as ns
 from nosync.api.plan import plan
 from nosync.errors import PipelineError, RunFailed
-from nosync.runtime.operators import EOS, IterateOp, JoinOp, SinkOp, make_op
+from nosync.runtime.graph import make_op
+from nosync.runtime.hooks import WorkerHooks
+from nosync.runtime.keyed import JoinOp
+from nosync.runtime.operators import EOS, IterateOp, SinkOp
+from nosync.runtime.worker import Worker
 
 SETTINGS = settings(max_examples=80, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 THIS_FILE = __file__
@@ -582,13 +586,10 @@ def test_sink_commits_at_the_frontier_and_refuses_committed_epochs(tmp_path):
 def test_self_join_keeps_its_two_inputs_apart():
     """Both inputs of ks.join(ks) read the same operator: each record joins every record of
     its key on the other side (a full cross product per key)."""
-    from nosync.api.plan import plan
-    from nosync.runtime.worker import Worker
-
     p = ns.Pipeline("self_join")
     ks = p.source(ns.sources.Generator(records=6, fn=lambda i: i % 2)).key_by(lambda x: x)
     ks.join(ks).sink(ns.sinks.Null())
-    w = Worker(0, 0, {"workers": 1, "secret": b"s", "mode": "none", "run_id": "r"})
+    w = Worker(0, 0, {"workers": 1, "secret": b"s", "mode": "none", "run_id": "r"}, WorkerHooks())
     w._build(plan(p, 1))
     got: list = []
     w.sinks[0].part.write = lambda epoch, recs: got.extend(recs)
@@ -610,7 +611,7 @@ def test_aligned_operator_processes_epochs_one_after_the_other(data, epochs, cha
     p = ns.Pipeline("p")
     k = source(p).key_by(lambda r: r[0])
     op = make_op(k.aggregate(list, lambda acc, v: [*acc, v]).node)
-    op.hooks = ns.modes.WorkerHooks()
+    op.hooks = WorkerHooks()
     op.align_epochs = True
     chans = [f"c{i}" for i in range(channels)]
     out = wire(op, chans)

@@ -1,4 +1,4 @@
-"""The sending end of an exchange (`worker.Router`) cuts its buffer into frames by record
+"""The sending end of an exchange (`router.Router`) cuts its buffer into frames by record
 count; records large enough that a buffer's frame would pass the frame's size limit go in
 more frames, in their order, and a single record that cannot fit fails the run naming the
 operator it was going to. The share of an exchange that stays on its worker reaches the
@@ -13,9 +13,10 @@ import types
 import pytest
 
 from nosync.errors import RunFailed
-from nosync.modes import WorkerHooks
 from nosync.runtime import frames
-from nosync.runtime.worker import Router, partition_of
+from nosync.runtime.graph import partition_of
+from nosync.runtime.hooks import WorkerHooks
+from nosync.runtime.router import Router
 
 
 class RecordingHooks(WorkerHooks):

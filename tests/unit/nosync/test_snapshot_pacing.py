@@ -16,7 +16,7 @@ import nosync as ns
 from lsm import Store
 from nosync.modes.nosync import NosyncHooks
 from nosync.modes.nosync.outlog import OutputLog
-from nosync.runtime.operators import make_op
+from nosync.runtime.graph import make_op
 
 
 class StandInSource:

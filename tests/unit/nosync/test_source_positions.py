@@ -23,8 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import nosync as ns
-from nosync.runtime.operators import EOS
-from nosync.runtime.worker import SourceOp
+from nosync.runtime.operators import EOS, SourceOp
 
 SETTINGS = settings(
     deadline=None,

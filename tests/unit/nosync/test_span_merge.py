@@ -9,9 +9,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from nosync import codec
 from nosync.errors import RunFailed
 from nosync.modes.nosync.span import load_results
-from nosync.runtime import statecodec
 
 
 def write_task(d, t: int, sinks: dict, keyed: dict | None = None, meta: dict | None = None) -> None:
@@ -20,7 +20,7 @@ def write_task(d, t: int, sinks: dict, keyed: dict | None = None, meta: dict | N
         "keyed": keyed or {},
         "meta": meta or {"count": {"last_epoch": 3}, "out": {"last_epoch": 3}},
         "sinks": {
-            name: [(step, ordinal, epoch, statecodec.pack(recs)) for step, ordinal, epoch, recs in rows]
+            name: [(step, ordinal, epoch, codec.pack_state(recs)) for step, ordinal, epoch, recs in rows]
             for name, rows in sinks.items()
         },
         "read": 100,

@@ -29,10 +29,13 @@ from hypothesis import strategies as st
 import lsm
 import nosync as ns
 from lsm import TOMBSTONE
+from nosync import codec
 from nosync.errors import RunFailed
 from nosync.modes.abs import RETENTION, STATE, restore_keyed, take_keyed
-from nosync.runtime import checkpoints, statecodec
-from nosync.runtime.operators import EOS, JoinOp, make_op
+from nosync.runtime.graph import make_op
+from nosync.runtime.keyed import JoinOp
+from nosync.runtime.operators import EOS
+from nosync.state import checkpoints
 
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 
@@ -85,7 +88,7 @@ def assert_same_state(expected: dict, got: dict) -> None:
         assert same_shape(v, got[k]), (k, v, got[k])
 
 
-# -- statecodec ------------------------------------------------------------------------------
+# -- state codec ------------------------------------------------------------------------------
 
 scalars = (
     st.none()
@@ -118,16 +121,16 @@ nested = st.recursive(
 @settings(max_examples=400, deadline=None, print_blob=True)
 @given(value=nested)
 def test_pack_unpack_round_trip_keeps_container_types(value):
-    data = statecodec.pack(value)
+    data = codec.pack_state(value)
     assert type(data) is bytes
-    back = statecodec.unpack(data)
+    back = codec.unpack_state(data)
     assert back == value
     assert same_shape(value, back)
 
 
 def test_lists_and_tuples_stay_apart_at_every_depth():
     value = {("k", 1): [(1, [2, (3,)]), [()], ([],)], 2: {"t": ((), [])}}
-    back = statecodec.unpack(statecodec.pack(value))
+    back = codec.unpack_state(codec.pack_state(value))
     assert back == value
     assert type(back[("k", 1)]) is list
     assert type(back[("k", 1)][0]) is tuple and type(back[("k", 1)][0][1]) is list
@@ -144,7 +147,7 @@ def test_sets_counters_and_ordered_dicts_come_back_as_they_were():
         "words": collections.Counter({"x": 3, ("y",): 1}),
         "order": collections.OrderedDict([("z", [1]), ("a", (2,))]),
     }
-    back = statecodec.unpack(statecodec.pack(value))
+    back = codec.unpack_state(codec.pack_state(value))
     assert back == value
     assert type(back["seen"]) is set and type(back["frozen"]) is frozenset
     assert type(back["words"]) is collections.Counter and type(back["order"]) is collections.OrderedDict
@@ -174,26 +177,26 @@ def test_types_that_cannot_be_written_as_data_are_refused_naming_the_type(value,
     """A defaultdict's factory, a namedtuple's class or an enum would not come back: refused,
     not saved as something that behaves differently once restored."""
     with pytest.raises(TypeError, match=f"cannot store a value of type {name}:"):
-        statecodec.pack(value)
+        codec.pack_state(value)
 
 
 def test_a_failed_pack_does_not_spoil_the_next_one():
     with pytest.raises(TypeError):
-        statecodec.pack([1, 2, {3: object()}])
-    assert statecodec.unpack(statecodec.pack([1, (2,)])) == [1, (2,)]
+        codec.pack_state([1, 2, {3: object()}])
+    assert codec.unpack_state(codec.pack_state([1, (2,)])) == [1, (2,)]
 
 
 def test_ints_beyond_msgpack_are_refused_with_type_error():
     for big in (2**64, -(2**63) - 1):
         with pytest.raises(TypeError):
-            statecodec.pack({"n": big})
+            codec.pack_state({"n": big})
 
 
 def test_bytearray_and_memoryview_come_back_as_bytes():
     """msgpack writes them as bin, which decodes to bytes: the documented exception to
-    'behaves as it did' (statecodec's docstring)."""
+    'behaves as it did' (the docstring of `nosync.codec`)."""
     for value in (bytearray(b"ab"), memoryview(b"ab")):
-        back = statecodec.unpack(statecodec.pack(value))
+        back = codec.unpack_state(codec.pack_state(value))
         assert type(back) is bytes and back == b"ab"
 
 
@@ -240,7 +243,7 @@ def build(kind: str):
 
 
 def track(op) -> None:
-    """Has `op` collect its updates as `worker.build_ops` does for a mode that persists them:
+    """Has `op` collect its updates as `graph.build_ops` does for a mode that persists them:
     the keys it changes, or for a join, what each batch appended to its sides."""
     if isinstance(op, JoinOp):
         op.incremental = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nosync.modes.nosync.layout import pack
+from nosync.codec import pack
 
 
 class InputLog:

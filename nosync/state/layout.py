@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import msgpack
-
-from nosync.runtime.operators import JoinOp
+from lsm import RetentionError
+from nosync.codec import unpack
+from nosync.state.stores import load_keyed
 
 META = "meta"
 OUT = "out"
@@ -42,20 +42,10 @@ def input_store_path(run_dir: str, worker: int) -> str:
     return os.path.join(run_dir, "state", f"w{worker}", "input")
 
 
-def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
-
-
-def unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
-
-
 def iter_snapshots(store: Any) -> Any:
     """The metadata of each snapshot a worker's store still holds in full (its keyed state
     readable as of the snapshot's seq, `meta["seq"]`), newest first, without the lineage
     held for others."""
-    from lsm import RetentionError
-
     try:
         versions = store.versions(META, 0, after=store.horizon - 1)
     except RetentionError:
@@ -77,8 +67,4 @@ def logged_frames(store: Any, dest: int, as_of: int) -> dict[int, bytes]:
 def store_state(store: Any, i: int, op: Any, as_of: int | None = None) -> None:
     """Loads the keyed state of keyed operator `op` (the worker's operator number `i`) as it
     stood after seq `as_of` (None: the last), all of it at once."""
-    state = store.load(i, as_of=as_of)
-    if isinstance(op, JoinOp):
-        op.restore_increments(state)
-    else:
-        op.restore_state(state)
+    load_keyed(op, store, i, as_of)

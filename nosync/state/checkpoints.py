@@ -24,7 +24,9 @@ import msgpack
 import xxhash
 
 from lsm.files import fsync_dir
+from nosync import codec
 from nosync.errors import NosyncError
+from nosync.state.stores import load_keyed
 
 MAGIC = b"NSCK"
 FORMAT = 1
@@ -82,7 +84,7 @@ def read(path: str) -> dict:
     if xxhash.xxh64_intdigest(data) != digest:
         raise CheckpointError(path, "checksum mismatch: the file is damaged")
     try:
-        body = msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=False)
+        body = codec.unpack(data)
     except Exception as e:  # noqa: BLE001 - msgpack raises several types
         raise CheckpointError(path, f"malformed body: {e}") from None
     if not isinstance(body, dict):
@@ -149,3 +151,16 @@ def find_first_epoch(body: dict, epoch_records: int) -> int:
     """The first epoch a rewind can start from this checkpoint: the first that begins at or
     after its cut."""
     return -(-find_cut(body)[0] // epoch_records)
+
+
+STATE = "state"
+"""The name of an operator's keyed state in its store."""
+
+
+def state_path(run_dir: str, worker: int, operator: str) -> str:
+    return os.path.join(run_dir, "state", f"w{worker}", operator)
+
+
+def restore_keyed(op: Any, store: Any, as_of: int | None = None) -> None:
+    """Gives `op` the keyed state its store held after seq `as_of` (None: its last)."""
+    load_keyed(op, store, STATE, as_of)

@@ -1,0 +1,64 @@
+"""The driver half of a mode (see `nosync.modes` for the whole interface)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nosync.runtime.hooks import WorkerHooks
+
+
+class Mode:
+    """The driver half of a mode."""
+
+    name = "base"
+    hooks_class: type[WorkerHooks] = WorkerHooks
+    requires_replayable_sources = False
+    """Sources must be able to restart from a position (every source but TcpLines)."""
+
+    def __init__(self, options: dict | None = None) -> None:
+        self.options = dict(options or {})
+
+    def worker_options(self) -> dict:
+        """What the worker half needs of this mode's options (msgpack-able)."""
+        return dict(self.options)
+
+    def on_worker_lost(self, coordinator: Any, worker: int, attempt: int, reason: str) -> None:
+        """A worker's control connection dropped or its heartbeats stopped."""
+        coordinator.fail(f"worker {worker} (attempt {attempt}) was lost: {reason}")
+
+    def on_worker_registered(self, coordinator: Any, worker: int, attempt: int) -> None:
+        """A worker (re)registered; attempt > 0 is a Spark retry of a failed task."""
+
+    def on_generation(self, coordinator: Any, gen: int) -> dict | None:
+        """Every worker joined generation `gen`: what the peers message adds for them. None
+        holds the generation back (the workers wait) until the mode calls
+        `coordinator.release_generation` (mode replay, while Spark recomputes state)."""
+        return {}
+
+    def attach(self, spark: Any, spec: dict) -> None:
+        """The run's Spark session and its spec, before the job starts (a mode that runs
+        Spark jobs of its own)."""
+
+    def on_rejoin(self, coordinator: Any, worker: int, attempt: int, address: list) -> None:
+        """A new attempt of `worker` registered while the others run on in the current
+        generation (a mode that recovers one worker alone); the default waits for a regroup."""
+
+    def on_ready(self, coordinator: Any, worker: int, gen: int) -> None:
+        """A worker started generation `gen` (restored, connected, about to process)."""
+
+    def on_message(self, coordinator: Any, worker: int, message: dict) -> None:
+        """A worker's control message of type "mode"."""
+
+    def tick(self, coordinator: Any) -> None:
+        """Called by the coordinator's loop about every 50 ms."""
+
+    def summary(self, coordinator: Any) -> dict:
+        """What the mode adds to the run's summary."""
+        return {}
+
+    def tables(self) -> dict[str, list[dict]]:
+        """Tables the mode adds to the run directory: file name (without .parquet) -> rows."""
+        return {}
+
+    def close(self, coordinator: Any) -> None:
+        """The run ended (finished or failed)."""

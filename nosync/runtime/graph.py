@@ -1,0 +1,121 @@
+"""The physical graph on a worker: which worker owns a key, one instance of every operator,
+and the edges and channels between them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import xxhash
+
+from nosync.api.pipeline import Node
+from nosync.api.plan import PhysicalPlan
+from nosync.errors import PipelineError
+from nosync.runtime.keyed import AggregateOp, JoinOp, ReduceOp, StatefulMapOp, WindowOp
+from nosync.runtime.operators import FilterOp, FlatMapOp, IterateOp, KeyByOp, MapOp, Op, UnionOp
+
+
+def key_hash(key: Any) -> int:
+    """xxhash64 of the bytes of `key` (a list hashes as the tuple of its items)."""
+    if type(key) is str:
+        data = key.encode("utf-8", "surrogatepass")
+    elif type(key) is bytes:
+        data = key
+    elif type(key) is int:
+        data = key.to_bytes(16, "little", signed=True)
+    else:
+        data = msgpack.packb(key, use_bin_type=True)
+    return xxhash.xxh64_intdigest(data)
+
+
+def partition_of(key: Any, workers: int) -> int:
+    """The worker that owns `key`: its hash modulo W."""
+    return key_hash(key) % workers
+
+
+def build_ops(
+    p: PhysicalPlan, keep: set[int] | None, source_op: Callable, sink_op: Callable, hooks: Any
+) -> tuple[list[Op], dict[int, Op]]:
+    """One instance of every operator of `p` (or of the nodes in `keep`), in node order, with
+    the loops wired to their iterate operators; the edges are the caller's (`graph_edges`)."""
+    ops: list[Op] = []
+    by_id: dict[int, Op] = {}
+    for n in p.pipeline.nodes:
+        if keep is not None and n.id not in keep:
+            continue
+        if n.kind == "source":
+            op: Op = source_op(n)
+        elif n.kind == "sink":
+            op = sink_op(n)
+        elif n.kind == "join":
+            op = JoinOp(n, set())
+        elif n.kind == "iterate":
+            op = IterateOp(n, [])
+        else:
+            op = make_op(n)
+        op.hooks = hooks
+        op.track_dirty = hooks.tracks_dirty and hasattr(op, "dirty")
+        if op.track_dirty and isinstance(op, JoinOp):
+            # a join's sides only grow: what a batch appended is its update, not its sides
+            op.incremental, op.track_dirty = True, False
+        op.align_epochs = hooks.aligns_epochs and n.kind != "loop_entry" and not n.params.get("loop_internal")
+        ops.append(op)
+        by_id[n.id] = op
+    for n in p.pipeline.nodes:
+        if n.kind == "iterate" and n.id in by_id:
+            by_id[n.id].wire(by_id[n.params["entry"]], by_id[n.params["exit"]])
+    return ops, by_id
+
+
+def graph_edges(p: PhysicalPlan) -> list[Any]:
+    """The edges that carry records between operator instances (the entry of a loop is fed
+    by its iterate operator, not by its edge)."""
+    nodes = p.pipeline.nodes
+    loop_nodes = {i for n in nodes if n.kind == "iterate" for i in n.params["body"]} | {
+        n.params["entry"] for n in nodes if n.kind == "iterate"
+    }
+    return [e for e in p.edges if not (e.dst in loop_nodes and nodes[e.dst].kind == "loop_entry")]
+
+
+def edge_channels(e: Any, workers: int) -> list[Any]:
+    """The input channels edge `e` gives its consumer: one per sending worker on an exchange."""
+    return [("x", e.id, w) for w in range(workers)] if e.exchange else [("f", e.id)]
+
+
+def add_edge_input(dst: Op, e: Any, workers: int) -> None:
+    """Gives `dst` the input channels of edge `e` (a join learns which are its left side)."""
+    left = isinstance(dst, JoinOp) and e.port == 0
+    for chan in edge_channels(e, workers):
+        dst.add_input(chan)
+        if left:
+            dst.left_channels.add(chan)
+
+
+def finish_loops(p: PhysicalPlan, by_id: dict[int, Op]) -> None:
+    """Gives every loop entry its input from the loop's back edge."""
+    for n in p.pipeline.nodes:
+        if n.kind == "loop_entry" and n.id in by_id:
+            by_id[n.id].add_input("loop")
+
+
+OPS: dict[str, type[Op]] = {
+    "map": MapOp,
+    "flat_map": FlatMapOp,
+    "filter": FilterOp,
+    "key_by": KeyByOp,
+    "union": UnionOp,
+    "loop_entry": Op,
+    "reduce": ReduceOp,
+    "aggregate": AggregateOp,
+    "stateful_map": StatefulMapOp,
+    "window": WindowOp,
+}
+
+
+def make_op(node: Node) -> Op:
+    """The runtime operator of a one-input node."""
+    cls = OPS.get(node.kind)
+    if cls is None:
+        raise PipelineError(f"no runtime operator for kind {node.kind!r}", node.name, node.where)
+    return cls(node)

@@ -1,0 +1,81 @@
+"""The hooks through which a mode joins the worker loop (the worker half of a mode; see
+`nosync.modes` for the whole interface)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nosync.runtime import frames
+
+
+class WorkerHooks:
+    """The worker half of a mode. The defaults persist nothing and forward every event."""
+
+    name = "base"
+    sink_commits_at_frontier = True
+    tracks_dirty = False
+    recovers = False
+    """Whether a lost peer is survivable: the worker waits to rejoin instead of failing."""
+    aligns_epochs = False
+    """Whether operators process epochs one after the other (`Op.align_epochs`)."""
+    accepts_peers = False
+    """Whether a running worker accepts connections from a peer that came back (the peer
+    recovers alone; the others never leave their generation)."""
+
+    def __init__(self, options: dict | None = None) -> None:
+        self.options = dict(options or {})
+
+    # -- the data path (a mode that numbers and logs frames and steps overrides these) ----
+
+    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
+        """Sends a data, marker or event frame to worker `dest`; `data` is its body, packed."""
+        worker.out[dest].send(frames.encode_packed(kind, header, data))
+
+    def accept_frame(self, worker: Any, source: int, frame: Any) -> bool:
+        """Whether a frame that arrived from worker `source` is processed now."""
+        return True
+
+    def poll_source(self, worker: Any, source: Any) -> bool:
+        """Reads one chunk of `source`; False once it is exhausted."""
+        return source.poll()
+
+    def flush_routers(self, worker: Any) -> None:
+        """Sends the exchange buffers that waited longer than the linger time."""
+        for r in worker.routers:
+            r.flush(worker.linger_s)
+
+    def may_read(self, worker: Any) -> bool:
+        """Whether sources may be read now (a mode may hold them back: persistence backpressure)."""
+        return True
+
+    def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
+        """The connections with attempt `attempt` (None: any) of worker `peer`, and with its
+        earlier attempts, dropped (modes that recover); a newer attempt's may remain."""
+
+    def on_peer_connected(self, worker: Any, peer: int, conn: Any, direction: str) -> None:
+        """A peer that came back opened a connection to this running worker."""
+
+    def on_start(self, worker: Any, peers: dict) -> None:
+        pass
+
+    def on_event(self, op: Any, channel: Any, event: dict) -> None:
+        op.forward_event(event)
+
+    def on_control(self, worker: Any, message: dict) -> None:
+        pass
+
+    def poll(self, worker: Any) -> None:
+        pass
+
+    def can_finish(self, worker: Any) -> bool:
+        return True
+
+    def metrics(self, worker: Any) -> dict:
+        return {}
+
+    def debug_state(self, worker: Any) -> dict:
+        """What the mode holds and waits on, for `Worker.dump_state`."""
+        return {}
+
+    def close(self, worker: Any) -> None:
+        pass

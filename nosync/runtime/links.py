@@ -1,0 +1,282 @@
+"""A worker's links: its control connection to the coordinator (registration, reports,
+heartbeats) and its data connections to its peers, made for each membership generation,
+and made again with a peer that comes back while the others run on."""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+
+from nosync.errors import AuthError, FrameError, PeerLost, RunFailed
+from nosync.runtime import channels, frames
+
+log = logging.getLogger("nosync.worker")
+
+HEARTBEAT_S = 0.1
+SETUP_TIMEOUT_S = 120.0
+
+
+class Rejoin(Exception):
+    """The coordinator moved the run to generation `gen`: drop the data connections."""
+
+    def __init__(self, gen: int) -> None:
+        super().__init__(f"rejoin generation {gen}")
+        self.gen = gen
+
+
+class Links:
+    """The connections half of `Worker` (`nosync.runtime.worker`), which holds their state."""
+
+    def _register(self) -> None:
+        host = self.spec.get("bind_host", "127.0.0.1")
+        self.listener = channels.listen(host, 0)
+        self.address = [host, self.listener.getsockname()[1]]
+        sock = channels.connect(
+            tuple(self.spec["coordinator"]),
+            self.secret,
+            {"role": "worker", "worker": self.index, "attempt": self.attempt, "run": self.spec["run_id"]},
+        )
+        self.ctrl_conn = channels.Connection(sock, "coordinator")
+        self._send_register(-1)
+
+    def _send_register(self, gen: int) -> None:
+        """Registers for generation `gen` (-1: whichever the coordinator is in)."""
+        self.send_ctrl(
+            {
+                "type": "register",
+                "worker": self.index,
+                "attempt": self.attempt,
+                "gen": gen,
+                "addr": self.address,
+                "pid": os.getpid(),
+                # records read when the last generation ended: exact, where heartbeats lag
+                "read": sum(s.records_in for s in self.sources),
+            }
+        )
+
+    def send_ctrl(self, msg: dict) -> None:
+        """Queues a control message to the coordinator (written by the loop, or by keepalive)."""
+        self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, msg))
+
+    def report_ready(self) -> None:
+        """Tells the coordinator this generation runs here (once): the operators are built and
+        restored, and the worker executes (a mode may say so before its replay is done)."""
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.send_ctrl({"type": "ready", "gen": self.gen})
+
+    def report_restored(self) -> None:
+        """This generation's operators hold their restored state: the counters count from the
+        restored position from now on, and say so to the coordinator at once."""
+        self.restored = True
+        self._next_beat = 0.0
+        self.keepalive()
+
+    def keepalive(self) -> None:
+        """Sends a heartbeat when one is due and writes queued control messages: called by
+        the loop, and by long work outside it (a restore), so the coordinator never takes a
+        busy worker for a dead one."""
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + HEARTBEAT_S
+            self.send_ctrl({"type": "heartbeat", "gen": self.gen, **self.counters()})
+        if self.ctrl_conn.out_bytes:
+            self.ctrl_conn.flush()
+
+    def _read_ctrl(self) -> None:
+        try:
+            got = self.ctrl_conn.receive()
+        except FrameError as e:
+            raise RunFailed(f"malformed frame from the coordinator: {e}") from e
+        except ConnectionError as e:
+            raise RunFailed(f"lost the coordinator: {e}") from e
+        for f in got:
+            self._handle_ctrl(f.body)
+
+    def _await_peers(self) -> dict:
+        """Waits for the peers of a generation newer than the current one (answering rejoins
+        by registering for them), with heartbeats."""
+        self._peers = None
+        self._peers_deadline = time.monotonic() + SETUP_TIMEOUT_S
+        sel = selectors.DefaultSelector()
+        sel.register(self.ctrl_conn.sock, selectors.EVENT_READ)
+        try:
+            while True:
+                if self._finish:
+                    return {}
+                if self._rejoin is not None:
+                    g, self._rejoin = self._rejoin, None
+                    self._send_register(g)
+                peers = self._peers
+                if peers is not None and (self._rejoin is None or int(peers["gen"]) >= self._rejoin):
+                    self._peers = None
+                    return peers
+                self.keepalive()
+                if time.monotonic() > self._peers_deadline:
+                    raise RunFailed(f"worker {self.index}: no peers from the coordinator in {SETUP_TIMEOUT_S:.0f}s")
+                if sel.select(0.05):
+                    self._read_ctrl()
+        finally:
+            sel.close()
+
+    def _connect_peers(self, peers: list, gen: int) -> None:
+        expected = self.workers - 1
+        accepted: dict[int, socket.socket] = {}
+        stop = threading.Event()
+
+        def accept() -> None:
+            self.listener.settimeout(0.2)
+            while len(accepted) < expected and not stop.is_set():
+                try:
+                    s, addr = self.listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                try:
+                    ident = channels.accept_handshake(s, self.secret)
+                    if ident.get("role") != "data" or ident.get("to") != self.index or ident.get("gen") != gen:
+                        raise AuthError(f"unexpected identity {ident} (generation {gen})")
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    accepted[int(ident["from"])] = s
+                except AuthError as e:
+                    channels.refuse(s, addr, e)
+
+        t = threading.Thread(target=accept, name="nosync-accept", daemon=True)
+        t.start()
+        try:
+            for j in range(self.workers):
+                if j != self.index:
+                    s = channels.connect(
+                        tuple(peers[j]),
+                        self.secret,
+                        {"role": "data", "from": self.index, "to": j, "gen": gen, "attempt": self.attempt},
+                    )
+                    self.out[j] = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
+            deadline = time.monotonic() + 60
+            while t.is_alive() and time.monotonic() < deadline:
+                t.join(0.1)
+                self.keepalive()
+                self._poll_ctrl_nowait()
+                if self._rejoin is not None:
+                    raise Rejoin(self._rejoin)
+        finally:
+            stop.set()
+            t.join()
+            if len(accepted) < expected:
+                for s in accepted.values():
+                    s.close()
+        if len(accepted) < expected:
+            raise PeerLost(f"worker {self.index}: only {len(accepted)} of {expected} peers connected")
+        for j, s in accepted.items():
+            self.inc[j] = channels.Connection(s, f"worker {j}")
+
+    def _poll_ctrl_nowait(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(self.ctrl_conn.sock, selectors.EVENT_READ)
+            if sel.select(0):
+                self._read_ctrl()
+        finally:
+            sel.close()
+
+    def flush_peers(self) -> None:
+        """Writes what the data connections can take; a peer that went away is down."""
+        for conns in (self.out, self.inc):
+            for j, c in list(conns.items()):
+                if c.out_bytes and not c.closed:
+                    try:
+                        c.flush()
+                    except OSError:
+                        if not self.hooks.recovers:
+                            raise
+                        self._detach(c)
+                        if self.hooks.accepts_peers:
+                            self.peer_down(j, getattr(c, "attempt", -1))
+
+    def _detach(self, conn: channels.Connection) -> None:
+        if self.sel is not None:
+            try:
+                self.sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+        conn.close()
+
+    def peer_down(self, j: int, attempt: int | None = None) -> None:
+        """Worker `j` is gone: both connections with it go (with `attempt`, only those opened
+        with that attempt or an earlier one); the mode keeps what it sends it."""
+        for conns in (self.out, self.inc):
+            c = conns.get(j)
+            if c is not None and (attempt is None or getattr(c, "attempt", -1) <= attempt):
+                del conns[j]
+                self._detach(c)
+        if j not in self.inc:
+            self._pending_credits.pop(j, None)
+            self._credited_ahead.pop(j, None)
+        self.hooks.on_peer_down(self, j, attempt)
+
+    def attach(self, j: int, conn: channels.Connection, direction: str) -> None:
+        """Adds a data connection with worker `j` ("in" or "out") to the running loop."""
+        conns = self.inc if direction == "in" else self.out
+        old = conns.get(j)
+        if old is not None:
+            self._detach(old)
+        conns[j] = conn
+        if direction == "in":
+            self._pending_credits.pop(j, None)
+            self._credited_ahead.pop(j, None)
+        if self.sel is not None:
+            self.sel.register(conn.sock, selectors.EVENT_READ, (direction, j, conn))
+
+    def connect_peer(self, j: int, address: list, attempt: int) -> channels.Connection:
+        """Opens this worker's sending connection to attempt `attempt` of worker `j` (a peer
+        that came back)."""
+        s = channels.connect(
+            tuple(address),
+            self.secret,
+            {"role": "data", "from": self.index, "to": j, "gen": self.gen, "attempt": self.attempt},
+        )
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
+        conn.attempt = attempt
+        self.attach(j, conn, "out")
+        return conn
+
+    def _accept_peer(self) -> None:
+        """A peer that came back connects to this running worker."""
+        try:
+            s, addr = self.listener.accept()
+        except (BlockingIOError, OSError):
+            return
+        try:
+            s.settimeout(10.0)
+            ident = channels.accept_handshake(s, self.secret)
+            if ident.get("role") != "data" or ident.get("to") != self.index or ident.get("gen") != self.gen:
+                raise AuthError(f"unexpected identity {ident} (generation {self.gen})")
+            j = int(ident["from"])
+            if not 0 <= j < self.workers or j == self.index:
+                raise AuthError(f"unexpected identity {ident}")
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (AuthError, OSError) as e:
+            channels.refuse(s, addr, e)
+            return
+        conn = channels.Connection(s, f"worker {j}")
+        conn.attempt = int(ident.get("attempt", 0))
+        self.attach(j, conn, "in")
+        self.hooks.on_peer_connected(self, j, conn, "in")
+
+    def _report_error(self, e: BaseException) -> None:
+        """Tells the coordinator why this worker stops, before its connection drops."""
+        msg = str(e) if isinstance(e, RunFailed) else f"{type(e).__name__}: {e}"
+        if isinstance(e, RunFailed) and "channel with worker" in msg:
+            return  # a consequence of another worker's end, which that worker reports
+        try:
+            self.ctrl_conn.sock.setblocking(True)
+            self.ctrl_conn.flush()
+            self.ctrl_conn.sock.sendall(frames.encode(frames.CONTROL, {}, {"type": "error", "message": msg}))
+        except OSError:
+            pass
