@@ -1,6 +1,6 @@
 """Measured runs of `keyed_count` for the benchmarks and experiments.
 
-A run goes through `nosync.runner.run`, the code of `nosync run`, on a Spark session the caller
+A run goes through `nosync.driver.runner.run`, the code of `nosync run`, on a Spark session the caller
 owns (so that a grid of runs pays Spark's start-up once). Every run must commit all its records,
 or it raises: a figure from a run that lost records would mean nothing.
 

@@ -15,7 +15,8 @@ identical and no survivor rolls back; its consumers check re-produced frames by 
   upstreams resend and from which chan_seq its downstreams check fingerprints;
 - `rewind_plan`: the downstream cone of an operator and the step each instance restarts at;
 - `consistent_cut`: the newest snapshots of all processes that agree on every link (a rewind's start);
-- `LineageLog`: a process's own entries on disk, checksummed, torn tail cut on open.
+- `LineageLog`: a process's own entries on disk, checksummed, torn tail cut on open;
+- `Step`: the kinds of lineage entries.
 
 The package computes plans; the runtime executes them.
 """

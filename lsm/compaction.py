@@ -44,6 +44,9 @@ merges, and their reads are rare."""
 
 
 class Compactor:
+    """The merges of one store: when its states' runs call for one, it runs them on a thread of its
+    own, resting so that they take at most `budget` of a core."""
+
     def __init__(self, store: Store) -> None:
         self.s = store
         self.lock = threading.Lock()
@@ -237,6 +240,8 @@ class Compactor:
         return len(rows)
 
     def stop(self) -> None:
+        """Stops the merges: none begins after the current one, and the merge thread is waited for
+        (unless this is it)."""
         self._stopping = True
         t = self._thread
         if t is not None and t.is_alive() and t is not threading.current_thread():

@@ -55,6 +55,7 @@ class RunRef(NamedTuple):
 
 
 def ref_of(state: bytes, header: bytes, nbytes: int) -> RunRef:
+    """The ref of a run of `state` from its header bytes and its size."""
     f = HEADER.unpack_from(header, 0)
     return RunRef(state, f[3], f[4], f[5], f[6], f[7], f[9], f[10], nbytes, f[8])
 
@@ -69,6 +70,8 @@ def _meta_bytes(value: int) -> bytes:
 
 
 class DiskTier:
+    """The disk tier of one store: its runs, their catalog and its markers in one LevelDB."""
+
     def __init__(self, path: str) -> None:
         self.path = path
         self.db = plyvel.DB(path, **LEVELDB_OPTIONS)
@@ -90,6 +93,8 @@ class DiskTier:
         return out
 
     def read(self, ref: RunRef, snapshot: object | None = None) -> bytes | None:
+        """The bytes of the run `ref` names (through `snapshot` if given), or None if the tier no
+        longer holds it."""
         return (snapshot or self.db).get(self._key(RUN, ref.state, ref.hi))
 
     def write(
@@ -138,6 +143,7 @@ class DiskTier:
         self.db.put(META_ROLLBACK, _meta_bytes(seq), sync=True)
 
     def end_rollback(self) -> None:
+        """Clears the rollback marker: the rollback `begin_rollback` announced is finished."""
         self.db.delete(META_ROLLBACK, sync=True)
 
     def snapshot(self) -> object:

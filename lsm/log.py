@@ -25,6 +25,9 @@ SUFFIX = ".log"
 
 @dataclass
 class Segment:
+    """One segment file of the log: the seq it is named by, its path, the last seq it holds, its
+    size, whether it is sealed, and the monotonic time this process opened or started it at."""
+
     first: int
     path: str
     last: int = -1
@@ -34,6 +37,7 @@ class Segment:
 
 
 def segment_name(first: int) -> str:
+    """The file name of the segment whose first record has seq `first`."""
     return f"{first:020d}{SUFFIX}"
 
 
@@ -91,6 +95,7 @@ class Log:
 
     @property
     def last_seq(self) -> int:
+        """The seq of the last record in the log, -1 if it holds none."""
         for seg in reversed(self.segments):
             if seg.last >= seg.first:
                 return seg.last
@@ -170,6 +175,7 @@ class Log:
     # -- reading, trimming ----------------------------------------------------
 
     def read(self, seg: Segment) -> list[Record]:
+        """The records of a segment; raises CorruptLogError if any of them is damaged."""
         with open(seg.path, "rb") as f:
             data = f.read(seg.size)
         scan = scan_segment(seg.path, data)
@@ -235,7 +241,9 @@ class Log:
         return freed
 
     def disk_bytes(self) -> int:
+        """The bytes the log's segments take on disk."""
         return sum(s.size for s in self.segments)
 
     def close(self) -> None:
+        """Closes the current segment's file descriptor."""
         self._close_fd()

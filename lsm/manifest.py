@@ -30,15 +30,19 @@ NAME = "MANIFEST"
 
 @dataclass(frozen=True)
 class Manifest:
+    """What a store directory is: the store's id and the URI of its remote tier."""
+
     store_id: str
     remote: str
 
     @staticmethod
     def new(remote: str) -> Manifest:
+        """The manifest of a new store, with a fresh id, whose remote tier is `remote`."""
         return Manifest(uuid.uuid4().hex, remote)
 
 
 def write_manifest(directory: str, manifest: Manifest) -> None:
+    """Writes `manifest` into `directory`, replacing the old one atomically."""
     body = msgpack.packb({"store_id": manifest.store_id, "remote": manifest.remote})
     header = HEADER.pack(MAGIC, FORMAT_VERSION, len(body), xxhash.xxh3_64_intdigest(body))
     files.replace_atomically(os.path.join(directory, NAME), header + body)

@@ -40,6 +40,9 @@ def encoded_runs(batch: Batch) -> dict[bytes, bytes]:
 
 
 class Persister(threading.Thread):
+    """The store's background thread: logs, indexes and uploads the appended runs, one step at a
+    time, and hands merges to its compactor."""
+
     def __init__(self, store: Store) -> None:
         super().__init__(name=f"lsm-persister:{store.path}", daemon=True)
         self.s = store
@@ -55,6 +58,8 @@ class Persister(threading.Thread):
     # -- the loop ---------------------------------------------------------------
 
     def run(self) -> None:
+        """The thread's loop: waits until a step is due and takes it under the tier lock; a failing
+        step becomes the store's error and is retried with backoff."""
         s = self.s
         while True:
             with s._cond:
@@ -268,6 +273,8 @@ class Persister(threading.Thread):
             del self._encoded[seq]
 
     def stop(self) -> None:
+        """Stops the thread after its current step, waits for it (unless this is it), then stops the
+        merges."""
         s = self.s
         with s._cond:
             self._stopping = True

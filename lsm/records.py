@@ -54,12 +54,18 @@ def record_parts(seq: int, body: list[bytes]) -> list[bytes]:
 
 
 class Record(NamedTuple):
+    """One record of a log: its seq, where it starts (byte offset in a segment, row in a remote
+    segment) and its body, the runs of that seq."""
+
     seq: int
     offset: int
     packed: bytes
 
 
 class SegmentScan(NamedTuple):
+    """What `scan_segment` read: the intact records, the offset where they end, and whether a torn
+    tail follows them."""
+
     records: list[Record]
     valid_end: int
     torn: bool

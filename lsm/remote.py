@@ -43,6 +43,9 @@ BASE_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class RemoteFile:
+    """A file of the remote tier: its name, the range of seqs it covers (`first` is -1 for a base
+    image), and whether it is a base image."""
+
     name: str
     first: int
     last: int
@@ -65,6 +68,9 @@ def write_table(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
 
 
 class RemoteTier:
+    """The remote tier of one store: its log segments and base images under one URI
+    (`files`: their listing)."""
+
     def __init__(self, uri: str) -> None:
         self.uri = uri
         self.fs, self.root = resolve(uri)
@@ -95,6 +101,7 @@ class RemoteTier:
 
     @property
     def base(self) -> RemoteFile | None:
+        """The newest base image, None if the tier holds none."""
         bases = [f for f in self.files if f.base]
         return bases[-1] if bases else None
 
@@ -192,6 +199,7 @@ class RemoteTier:
         self.files = sorted([*(x for x in self.files if x.name != f.name), f], key=lambda x: (x.last, not x.base))
 
     def delete(self, f: RemoteFile) -> None:
+        """Deletes a file of the tier and drops it from the list."""
         self.fs.delete_file(self._path(f.name))
         self.files = [x for x in self.files if x.name != f.name]
 
@@ -212,4 +220,5 @@ class RemoteTier:
         return gone
 
     def total_bytes(self) -> int:
+        """The bytes of every file under the tier's root, as the file system lists them."""
         return sum(i.size for i in self.fs.get_file_info(pafs.FileSelector(self.root)) if i.size is not None)

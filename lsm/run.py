@@ -140,10 +140,12 @@ class PendingRun:
 
     @property
     def lo(self) -> int:
+        """The run's first seq: its only one."""
         return self.seq
 
     @property
     def hi(self) -> int:
+        """The run's last seq: its only one."""
         return self.seq
 
     @property
@@ -174,6 +176,8 @@ class PendingRun:
         return unpack_keys(self.pairs_b) if self.npairs else ()
 
     def lookup(self, key: Any, h: int, as_of: int) -> Any:
+        """The value of `key` as of `as_of` in this run: a value, TOMBSTONE, or MISSING (`h` is
+        unused: the run is searched as a dict built once)."""
         if as_of < self.seq:
             return MISSING
         if self._latest is None:
@@ -281,6 +285,7 @@ class RunView:
 
     @property
     def nbytes(self) -> int:
+        """The size of the encoded run."""
         return len(self.data)
 
     def _raw(self, name: str) -> memoryview:
@@ -292,18 +297,23 @@ class RunView:
 
     @property
     def hashes(self) -> np.ndarray:
+        """The sorted key-hash column of the latest block (empty in an append's run), a view of the
+        bytes made once."""
         if self._hashes is None:
             self._hashes = self._u64("hashes")
         return self._hashes
 
     @property
     def order(self) -> np.ndarray:
+        """The permutation that sorts the hash column: the key column's index of each entry of
+        `hashes`."""
         if self._order is None:
             self._order = np.frombuffer(self._raw("order"), dtype=_U32)
         return self._order
 
     @property
     def dels(self) -> np.ndarray:
+        """The positions in the key column of the deleted keys (a view of the bytes)."""
         return np.frombuffer(self._raw("dels"), dtype=_U32)
 
     @property
@@ -315,6 +325,7 @@ class RunView:
 
     @property
     def keys(self) -> tuple:
+        """The key column of the latest block, decoded once."""
         if self._keys is None:
             self._keys = unpack_keys(self._raw("keys")) if self.n else ()
         return self._keys

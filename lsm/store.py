@@ -87,6 +87,9 @@ class StoreOptions:
 
 @dataclass
 class StoreStats:
+    """Counters of one store since it was opened: appends, logging, indexing, uploads, backpressure,
+    merges and persist errors."""
+
     appended_runs: int = 0
     appended_updates: int = 0
     appended_bytes: int = 0
@@ -127,12 +130,15 @@ class Snapshot:
         self._released = False
 
     def get(self, state: Any, key: Any, default: Any = None) -> Any:
+        """The value of `key` in `state` as of the snapshot's seq, or `default`."""
         return self.store.get(state, key, as_of=self.seq, default=default)
 
     def load(self, state: Any) -> dict:
+        """Every live key of `state` and its value as of the snapshot's seq, as a new dict."""
         return self.store.load(state, as_of=self.seq)
 
     def durable(self, level: str = "disk") -> bool:
+        """Whether the snapshot's seq is durable on `level` yet."""
         return self.store.durable(level) >= self.seq
 
     def wait(self, level: str = "disk", timeout: float | None = None) -> None:
@@ -140,6 +146,8 @@ class Snapshot:
         self.store._wait_durable(level, self.seq, timeout)
 
     def release(self) -> None:
+        """Unpins the snapshot's seq, so that merges may drop what only it could see; a second call
+        does nothing."""
         if not self._released:
             self._released = True
             self.store._unpin(self.seq)

@@ -1,13 +1,17 @@
 """`nosync bench throughput`: the keyed running count through the engine, against the bare loop.
 
 The same command first measures the limit, `bare_loop_per_s`: the keyed running count as a
-plain Python loop over a dict on one core, run as ../shared/bench/peers/bare_count.py runs it
-(a script whose loop is at module level, in a fresh interpreter), best of three, before Spark
-starts. The same loop inside a function (local variables, about twice as fast in CPython) is
-reported beside it as `bare_loop_local_per_s`, with the engine's ratio to it: the stricter
-limit. Then it runs the `keyed_count` workload (generator ->
-key_by -> aggregate -> committed Parquet files) and reports `records_per_s` from the first
-record read to the last one committed, Spark start-up excluded (`startup_s`).
+plain Python loop over a dict on one core, with the run's own record and key counts N and K.
+`BARE_SCRIPT` runs in a fresh interpreter (`python -c`), its loop at module level (its
+variables globals, as in a script): for i in range(N), the key `str(i % K)`, that key's count
+read from the dict (`get`, 0 when absent), incremented and stored back, and one output
+counted; nothing is written anywhere. Its figure is N divided by the loop's own wall time
+(the interpreter's start-up excluded), best of three runs, before Spark starts. The same loop
+inside a function (local variables, about twice as fast in CPython) is reported beside it as
+`bare_loop_local_per_s`, with the engine's ratio to it: the stricter limit. Then it runs the
+`keyed_count` workload (generator -> key_by -> aggregate -> committed Parquet files) and
+reports `records_per_s` from the first record read to the last one committed, Spark start-up
+excluded (`startup_s`).
 """
 
 from __future__ import annotations

@@ -92,9 +92,11 @@ class Pipeline:
 
     @property
     def sinks(self) -> list[Node]:
+        """The pipeline's sink nodes, in declaration order."""
         return [n for n in self.nodes if n.kind == "sink"]
 
     def node(self, name: str) -> Node:
+        """The operator named `name`; raises PipelineError if the pipeline has none."""
         for n in self.nodes:
             if n.name == name:
                 return n
@@ -277,14 +279,17 @@ class Stream:
         raise PipelineError(f"{kind} is a keyed operator: call key_by(...) on the stream first", name or kind, where)
 
     def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> KeyedStream:
+        """Refuses: `reduce` is a keyed operator; call `key_by` on the stream first."""
         self._keyed_only("reduce", name, declared_at())
 
     def aggregate(
         self, init: Callable[[], Any], add: Callable[[Any, Any], Any], name: str | None = None
     ) -> KeyedStream:
+        """Refuses: `aggregate` is a keyed operator; call `key_by` on the stream first."""
         self._keyed_only("aggregate", name, declared_at())
 
     def stateful_map(self, fn: Callable[[Any, Any], tuple[Any, Iterable[Any]]], name: str | None = None) -> Stream:
+        """Refuses: `stateful_map` is a keyed operator; call `key_by` on the stream first."""
         self._keyed_only("stateful_map", name, declared_at())
 
     def window(
@@ -295,9 +300,11 @@ class Stream:
         add: Callable[[Any, Any], Any],
         name: str | None = None,
     ) -> KeyedStream:
+        """Refuses: `window` is a keyed operator; call `key_by` on the stream first."""
         self._keyed_only("window", name, declared_at())
 
     def join(self, other: KeyedStream, name: str | None = None) -> KeyedStream:
+        """Refuses: `join` is a keyed operator; call `key_by` on the stream first."""
         self._keyed_only("join", name, declared_at())
 
 

@@ -27,6 +27,9 @@ class Edge:
 
 @dataclass
 class PhysicalPlan:
+    """A pipeline laid out on `workers` workers: its edges, and the partitions of each source each
+    worker reads."""
+
     pipeline: Pipeline
     workers: int
     edges: list[Edge]
@@ -34,13 +37,16 @@ class PhysicalPlan:
     """source node id -> per worker, the partitions that worker reads."""
 
     def inputs_of(self, node_id: int) -> list[Edge]:
+        """The edges into operator `node_id`."""
         return [e for e in self.edges if e.dst == node_id]
 
     def outputs_of(self, node_id: int) -> list[Edge]:
+        """The edges out of operator `node_id`."""
         return [e for e in self.edges if e.src == node_id]
 
     @property
     def exchange_edges(self) -> list[Edge]:
+        """The edges whose records are routed to the worker that owns their key."""
         return [e for e in self.edges if e.exchange]
 
 

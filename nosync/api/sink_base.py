@@ -10,9 +10,11 @@ class Sink:
     """Base of all sinks: `open_part` gives the per-worker writer."""
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:
+        """The writer of worker `worker` in run `run_id`."""
         raise NotImplementedError
 
     def describe(self) -> str:
+        """A short description of the sink, for messages (the base: its class name)."""
         return type(self).__name__
 
 
@@ -39,9 +41,11 @@ class SinkPart:
         keeps no per-epoch output, or cannot take it back, ignores it."""
 
     def write(self, epoch: int, records: list) -> None:
+        """Stages `records` under `epoch`."""
         self.pending.setdefault(epoch, []).extend(records)
 
     def take(self, epoch: int) -> list[tuple[int, list]]:
+        """Takes the staged epochs <= `epoch` out: (epoch, records) pairs, oldest first."""
         due = sorted(e for e in self.pending if e <= epoch)
         return [(e, self.pending.pop(e)) for e in due]
 
@@ -89,4 +93,5 @@ class SinkPart:
         self.held = {}
 
     def close(self) -> None:
+        """Releases what the part holds open; the base holds nothing."""
         pass

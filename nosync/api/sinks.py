@@ -85,9 +85,11 @@ class Files(Sink):
         self.format = format
 
     def describe(self) -> str:
+        """The sink's directory and format, for messages."""
         return f"Files({self.directory}, {self.format})"
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:
+        """The writer of worker `worker`: its part files in the sink's directory."""
         return _FilesPart(self.directory, self.format, worker)
 
     def read_committed(self) -> list:
@@ -413,12 +415,15 @@ class LevelDB(Sink):
         self.directory = directory
 
     def describe(self) -> str:
+        """The sink's directory, for messages."""
         return f"LevelDB({self.directory})"
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:
+        """The writer of worker `worker`: its database `<directory>/part-W`."""
         return _LevelDBPart(self.directory, worker)
 
     def read_committed(self) -> dict:
+        """Every committed key and its value, from every part database (for tests and tools)."""
         out: dict = {}
         if not os.path.isdir(self.directory):
             return out
@@ -540,6 +545,7 @@ class Console(Sink):
             )
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:
+        """The writer of worker `worker`: it prints what is committed to stdout."""
         return _ConsolePart(worker)
 
 
@@ -561,6 +567,7 @@ class Null(Sink):
     """Counts and drops records at commit (benchmarks that measure the engine alone)."""
 
     def open_part(self, worker: int, run_id: str) -> SinkPart:
+        """A writer that counts records and drops them."""
         return _NullPart()
 
 

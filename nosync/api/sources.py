@@ -39,12 +39,16 @@ class Source:
     replayable = True
 
     def partitions(self) -> list[dict]:
+        """The source's partitions, descriptions small enough to travel in a task."""
         raise NotImplementedError
 
     def read(self, part: dict, offset: Any, chunk: int, on_bad: BadHandler = _raise) -> Iterator[Chunk]:
+        """Partition `part` from `offset` on, as (records, next offset) chunks of about `chunk`
+        records; a malformed record goes to `on_bad`."""
         raise NotImplementedError
 
     def describe(self) -> str:
+        """A short description of the source, for messages (the base: its class name)."""
         return type(self).__name__
 
 
@@ -88,6 +92,8 @@ class Generator(Source):
         self.partitions_ = partitions
 
     def partitions(self, workers: int | None = None) -> list[dict]:
+        """`partitions` partitions if given, else one per worker: partition p of n holds records p,
+        p + n, p + 2n..."""
         n = self.partitions_ or workers or 1
         return [{"p": i, "of": n} for i in range(n)]
 
@@ -99,6 +105,8 @@ class Generator(Source):
         return [str(k) for k in rng.choices(range(self.keys), weights, k=min(self.records, 1 << 20) or 1)]
 
     def read(self, part: dict, offset: Any, chunk: int, on_bad: BadHandler = _raise) -> Iterator[Chunk]:
+        """The records of partition `part` from `offset` (a count of its records) on, in chunks of
+        at most `chunk`."""
         p, of = part["p"], part["of"]
         # partition p holds records i = p, p + of, p + 2*of, ...; offset counts them
         total = (self.records - p + of - 1) // of if self.records > p else 0
@@ -151,6 +159,8 @@ class Files(Source):
         return files
 
     def partitions(self, workers: int | None = None) -> list[dict]:
+        """One partition per matching file (per row group for Parquet); raises PipelineError when no
+        file matches."""
         parts = []
         for f in self._files():
             if self.format == "parquet":
@@ -163,9 +173,12 @@ class Files(Source):
         return parts
 
     def describe(self) -> str:
+        """The source's path and format, for messages."""
         return f"Files({self.path}, {self.format})"
 
     def read(self, part: dict, offset: Any, chunk: int, on_bad: BadHandler = _raise) -> Iterator[Chunk]:
+        """The records of a file (or row group) from `offset` on, read as the format says, in chunks
+        sized after `chunk`; a malformed record goes to `on_bad`."""
         if self.format == "parquet":
             yield from self._read_parquet(part, offset, chunk)
         elif self.format == "csv":
@@ -281,12 +294,16 @@ class TcpLines(Source):
         self.encoding = options.get("encoding", "utf-8")
 
     def partitions(self, workers: int | None = None) -> list[dict]:
+        """The one partition: the server's address (whatever `workers`)."""
         return [{"addr": f"{self.host}:{self.port}"}]
 
     def describe(self) -> str:
+        """The server's address, for messages."""
         return f"TcpLines({self.host}:{self.port})"
 
     def read(self, part: dict, offset: Any, chunk: int, on_bad: BadHandler = _raise) -> Iterator[Chunk]:
+        """Connects to the server and yields its lines after the first `offset` (read and skipped),
+        decoded, in chunks of `chunk`; an undecodable line goes to `on_bad`."""
         pos = int(offset or 0)
         with socket.create_connection((self.host, self.port), timeout=30) as s, s.makefile("rb") as f:
             recs: list = []

@@ -40,6 +40,9 @@ heartbeats, every `worker.HEARTBEAT_S`)."""
 
 
 class Coordinator:
+    """The driver's side of a run: the workers' control connections, membership by generation, loss
+    detection and the run's events, its loop on a thread of its own."""
+
     def __init__(
         self,
         workers: int,
@@ -98,6 +101,8 @@ class Coordinator:
     # -- API for the runner and the mode ----------------------------------------------
 
     def fail(self, reason: str) -> None:
+        """Marks the run failed with `reason` (the first reason stays) and tells every worker to
+        abort."""
         with self._changed:
             if self.failure is None and not self.finished:
                 self.failure = reason
@@ -129,11 +134,13 @@ class Coordinator:
         return ev
 
     def send(self, worker: int, msg: dict) -> None:
+        """Sends a control message to worker `worker`, if it is connected."""
         conn = self.conns.get(worker)
         if conn is not None and not conn.closed:
             self._send(conn, msg)
 
     def broadcast(self, msg: dict) -> None:
+        """Sends a control message to every connected worker."""
         data = frames.encode(frames.CONTROL, {}, msg)
         for c in list(self.conns.values()):
             if not c.closed:
@@ -160,9 +167,12 @@ class Coordinator:
 
     @property
     def all_ready(self) -> bool:
+        """Whether every worker reported ready in the current generation."""
         return len(self.ready) == self.workers
 
     def progress(self) -> dict:
+        """The run's progress from the workers' last counters: records read and committed, the
+        least frontier, dead letters."""
         with self._lock:
             c = list(self.counters.values())
         return {
@@ -179,6 +189,8 @@ class Coordinator:
         return {w: {"attempt": self.attempts.get(w, 0), "pid": pid} for w, pid in sorted(self.pids.items())}
 
     def close(self) -> None:
+        """Stops the loop thread, lets the mode close, and closes the connections, the
+        listener and the events file."""
         self._stop = True
         self._thread.join(timeout=5)
         try:

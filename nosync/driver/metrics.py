@@ -39,6 +39,8 @@ def percentile(weighted: list[tuple[float, int]], q: float) -> float | None:
 
 
 def summarize(run: dict, done: dict[int, dict]) -> dict:
+    """The run's summary: `run` with records read and committed, dead letters, memory, latency
+    percentiles and per-operator totals over the finished workers."""
     lat = [tuple(x) for d in done.values() for x in d["metrics"].get("latencies", [])]
     ops: dict[str, dict] = {}
     for d in done.values():
@@ -128,6 +130,8 @@ def _add_caught_up(recoveries: list[dict], rows: list[dict]) -> None:
 
 
 def write(run_dir: str, summary: dict, samples: list[dict], done: dict[int, dict], tables: dict | None = None) -> None:
+    """Writes summary.json, throughput.parquet, operators.parquet and the mode's
+    `tables` into `run_dir`."""
     import pyarrow as pa  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
     import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 

@@ -42,6 +42,8 @@ SAMPLE_S = 0.25
 
 @dataclass
 class RunResult:
+    """What a finished run gives back: its summary and its run directory."""
+
     summary: dict
     run_dir: str
 
@@ -75,6 +77,8 @@ def run(
     replay_threshold_records: int | None = None,
     slow_worker: tuple[int, int] | None = None,
 ) -> RunResult:
+    """Runs the pipeline of `pipeline_file` in mode `mode` on `workers` Spark tasks until it
+    finishes, and writes its metrics; raises RunFailed if it fails."""
     if workers < 1:
         raise NosyncError(f"--workers must be at least 1, got {workers}")
     if epoch_records is not None and epoch_ms is not None:

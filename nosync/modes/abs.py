@@ -13,7 +13,7 @@ positions) is a small map. Sinks pre-commit: what they staged goes durably into 
 area. The instance forwards barrier n on all outputs and unblocks. A worker acknowledges n
 once all its instances snapshotted it and their stores are durable on the configured tier
 (disk, or remote). Checkpoint n completes when every worker has acknowledged: its metadata is
-written atomically (`nosync/checkpoints.py`), then every sink commits what it pre-committed up
+written atomically (`nosync/state/checkpoints.py`), then every sink commits what it pre-committed up
 to n. A checkpoint not complete within `timeout_ms` is aborted and counted; a later one that
 completes commits its pre-commits too. Once every worker's input is exhausted, a last
 checkpoint is triggered at once, so the run ends as soon as its output is committed.
@@ -71,6 +71,9 @@ def take_keyed(op: Any) -> Any:
 
 
 class AbsHooks(WorkerHooks):
+    """The worker half of mode abs: snapshots at aligned barriers into a keyed store per operator,
+    acknowledges checkpoints once durable, and restores the last completed one."""
+
     name = "abs"
     sink_commits_at_frontier = False
     tracks_dirty = True
@@ -101,6 +104,8 @@ class AbsHooks(WorkerHooks):
                 )
 
     def on_start(self, worker: Any, peers: dict) -> None:
+        """Opens the keyed stores and, when the generation restores a checkpoint, puts every
+        operator back to it: keyed state, metadata, the sinks' pre-commits."""
         self.worker = worker
         self.pending = {}
         self.aborted = set()
@@ -180,6 +185,8 @@ class AbsHooks(WorkerHooks):
         p["instances"].append(row)
 
     def on_control(self, worker: Any, message: dict) -> None:
+        """Acts on the coordinator's checkpoint messages: trigger (the sources snapshot and emit the
+        barrier), complete (the sinks commit), abort."""
         op = message.get("op")
         n = int(message.get("n", -1))
         if op == "trigger":
@@ -195,6 +202,8 @@ class AbsHooks(WorkerHooks):
             self.aborted.add(n)
 
     def on_event(self, op: Any, channel: Any, event: dict) -> None:
+        """Aligns a barrier: with one input, snapshots and forwards it at once; else blocks the
+        channel until the barrier came on every input. Other events go on."""
         n = event.get("barrier")
         if n is None:
             op.forward_event(event)
@@ -216,6 +225,8 @@ class AbsHooks(WorkerHooks):
             op.unblock()
 
     def poll(self, worker: Any) -> None:
+        """Acknowledges, oldest first, the checkpoints every instance has snapshotted and whose
+        stores are durable on the checkpoint tier."""
         if not self.pending:
             return
         for n in sorted(self.pending):
@@ -245,9 +256,11 @@ class AbsHooks(WorkerHooks):
             )
 
     def can_finish(self, worker: Any) -> bool:
+        """Whether no checkpoint awaits acknowledgement and no sink holds anything uncommitted."""
         return not self.pending and not any(s.uncommitted for s in worker.sinks)
 
     def metrics(self, worker: Any) -> dict:
+        """Checkpoints acknowledged, the stores' backpressure, and the bytes appended to them."""
         return {
             "checkpoints_acked": self.acked,
             "store_backpressure_s": sum(s.stats.backpressure_s for s in self.stores.values()),
@@ -255,6 +268,7 @@ class AbsHooks(WorkerHooks):
         }
 
     def close(self, worker: Any) -> None:
+        """Closes the keyed stores (an error closing one is logged, not raised)."""
         for s in self.stores.values():
             try:
                 s.close()
@@ -296,11 +310,14 @@ class AbsMode(Mode):
         self._idle_at: float | None = None
 
     def worker_options(self) -> dict:
+        """The checkpoint tier (disk by default): all the worker half needs."""
         return {"checkpoint_tier": self.options.get("checkpoint_tier", "disk")}
 
     # -- checkpoints -------------------------------------------------------------------
 
     def tick(self, coord: Any) -> None:
+        """Aborts the checkpoints past their timeout and, within `max_concurrent`, triggers the next
+        one when its interval is up or every worker is idle."""
         if not coord.all_ready:
             return
         now = time.monotonic()
@@ -340,6 +357,8 @@ class AbsMode(Mode):
         coord.broadcast({"type": "mode", "op": "abort", "n": n, "gen": coord.gen})
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        """Counts a worker's acknowledgement of a checkpoint of this generation;
+        the last one completes it."""
         if msg.get("op") != "ack" or msg.get("gen") != coord.gen:
             return
         n = int(msg["n"])
@@ -375,6 +394,8 @@ class AbsMode(Mode):
     # -- recovery ----------------------------------------------------------------------
 
     def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
+        """Records the loss, aborts every pending checkpoint and regroups: every worker restores the
+        last completed checkpoint."""
         now = time.time()
         read_now = {w: c.get("read", 0) for w, c in coord.counters.items()}
         self.recoveries.append(
@@ -392,6 +413,8 @@ class AbsMode(Mode):
         coord.regroup(f"worker {worker} (attempt {attempt}) was lost: {reason}")
 
     def on_generation(self, coord: Any, gen: int) -> dict:
+        """The checkpoint the generation restores: the latest valid one (past damaged files) after a
+        loss or on a resume; nothing on a fresh start."""
         if gen == 0 and not self.resume:
             return {}
         c, body, errors = checkpoints.latest_valid(self.run_dir)
@@ -418,6 +441,8 @@ class AbsMode(Mode):
         return {"restore": {"checkpoint": c, "path": checkpoints.path_of(self.run_dir, c) if c >= 0 else None}}
 
     def on_ready(self, coord: Any, worker: int, gen: int) -> None:
+        """Once every worker is ready: restarts the checkpoint interval and times the
+        recoveries just finished."""
         if coord.all_ready:
             self.last_trigger = time.monotonic()
             for r in self.recoveries:
@@ -426,6 +451,8 @@ class AbsMode(Mode):
                     r["restore_s"] = r["restored_at"] - r["lost_at"]
 
     def summary(self, coord: Any) -> dict:
+        """Checkpoints completed and aborted, their durations and bytes, alignment stalls,
+        recoveries and fallbacks."""
         durations = sorted(r["duration_ms"] for r in self.completed_rows)
 
         def pct(q: float) -> float | None:

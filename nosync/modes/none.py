@@ -16,22 +16,29 @@ from nosync.runtime.hooks import WorkerHooks
 
 
 class NoneHooks(WorkerHooks):
+    """The worker half of mode none: the defaults, and a restarted worker fails the run."""
+
     name = "none"
 
     def on_start(self, worker: Any, peers: dict) -> None:
+        """Fails the run if this worker is a restart (attempt > 0): mode none cannot recover."""
         if worker.attempt > 0:
             raise RunFailed(f"worker {worker.index} restarted (attempt {worker.attempt}); mode none cannot recover")
 
 
 class NoneMode(Mode):
+    """The driver half of mode none: a lost worker fails the run, unless its work was done."""
+
     name = "none"
     hooks_class = NoneHooks
 
     def on_worker_lost(self, coordinator: Any, worker: int, attempt: int, reason: str) -> None:
+        """Fails the run, unless the lost worker had already finished (its output is committed)."""
         if worker in coordinator.done:
             return  # its work is complete and committed: nothing of the run is lost
         super().on_worker_lost(coordinator, worker, attempt, reason)
 
     def on_worker_registered(self, coordinator: Any, worker: int, attempt: int) -> None:
+        """Fails the run when Spark restarted a worker (attempt > 0)."""
         if attempt > 0:
             coordinator.fail(f"worker {worker} was restarted by Spark (attempt {attempt}); mode none cannot recover")

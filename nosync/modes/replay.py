@@ -10,7 +10,7 @@ that worker's committed files of the epoch, if any (see recovery).
 
 Recovery. A lost worker makes the coordinator pause the run: every worker drops its data
 connections and waits (a new generation, held back). R is the last epoch every worker has
-committed. Spark batch jobs (`nosync.batch.recompute_states`) run the pipeline's own
+committed. Spark batch jobs (`nosync.spark.batch.recompute_states`) run the pipeline's own
 operators over the sources up to the end of epoch R, stage by stage, parallel over keys, and
 write every operator instance of every worker as it stood then: keyed state, frontiers,
 watermarks, window bookkeeping, source positions. Every worker, the retried one and the
@@ -57,6 +57,9 @@ modes, and not only once a worker is lost."""
 
 
 class ReplayHooks(WorkerHooks):
+    """The worker half of mode replay: epochs processed one after the other, the epoch committed
+    reported, and instances loaded from Spark's recomputed state on a restore."""
+
     name = "replay"
     sink_commits_at_frontier = True
     aligns_epochs = True
@@ -70,6 +73,8 @@ class ReplayHooks(WorkerHooks):
         self.next_state_check = 0.0
 
     def on_start(self, worker: Any, peers: dict) -> None:
+        """Makes sinks replace what they commit again and, when the generation restores epoch R,
+        drops staged output and loads every instance as recomputed at the end of R."""
         for s in worker.sinks:
             s.part.replace = True
         restore = peers.get("restore")
@@ -107,10 +112,13 @@ class ReplayHooks(WorkerHooks):
                     ) from None
 
     def can_finish(self, worker: Any) -> bool:
+        """Checks once more that the keyed state can be saved; then the worker may finish."""
         self._check_state(worker)  # a run too short for a check in `poll` gets one
         return True
 
     def poll(self, worker: Any) -> None:
+        """Now and then checks that the keyed state can be saved, and reports a newly committed
+        epoch (the least over the sinks) to the coordinator."""
         now = time.monotonic()
         if now >= self.next_state_check:
             self.next_state_check = now + CHECK_STATE_EVERY_S
@@ -123,6 +131,7 @@ class ReplayHooks(WorkerHooks):
             worker.send_ctrl({"type": "mode", "op": "committed", "gen": worker.gen, "epoch": committed})
 
     def metrics(self, worker: Any) -> dict:
+        """The epoch this worker restored (None: none) and the seconds the restore took."""
         return {"restored_epoch": self.restored_epoch, "restore_s": self.restore_s}
 
 
@@ -148,6 +157,8 @@ class ReplayMode(Mode):
         self.everywhere = -1
 
     def attach(self, spark: Any, spec: dict) -> None:
+        """Keeps the Spark session and the run's spec for the batch jobs, and warms Spark up for
+        them on the spare slots."""
         self.spark = spark
         self.spec = spec
         # the first batch job of a session starts Python workers and compiles what Arrow
@@ -155,6 +166,7 @@ class ReplayMode(Mode):
         warm_up_soon(spark, spec["workers"], "replay")
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        """Notes the epoch a worker committed, and the epoch committed everywhere when it moves."""
         if msg.get("op") != "committed":
             return
         self.committed[worker] = max(self.committed.get(worker, -1), int(msg["epoch"]))
@@ -164,6 +176,7 @@ class ReplayMode(Mode):
             coord.event("committed", epoch=r)
 
     def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
+        """Records the loss and regroups: every worker goes back to the epoch committed everywhere."""
         self.recoveries.append(
             {
                 "worker": worker,
@@ -177,6 +190,8 @@ class ReplayMode(Mode):
         coord.regroup(f"worker {worker} (attempt {attempt}) was lost: {reason}")
 
     def on_generation(self, coord: Any, gen: int) -> dict | None:
+        """Restores the epoch R committed everywhere, held back (None) while a Spark job recomputes
+        every instance at its end (no job for R < 0); nothing on a fresh start."""
         if gen == 0 and not self.resume:
             return {}
         r = min(self.committed.get(w, -1) for w in range(coord.workers))
@@ -218,6 +233,8 @@ class ReplayMode(Mode):
             result["error"] = f"{type(e).__name__}: {e}"
 
     def tick(self, coord: Any) -> None:
+        """While the batch job runs, tells the workers to keep waiting; once it is done, releases
+        the generation with the recomputed state, or fails the run on its error."""
         job = self._job
         if job is None:
             return
@@ -244,6 +261,7 @@ class ReplayMode(Mode):
         coord.release_generation({"restore": {"epoch": res["epoch"], "dir": res["dir"]}})
 
     def on_ready(self, coord: Any, worker: int, gen: int) -> None:
+        """Once every worker is ready: times the recoveries just finished."""
         if coord.all_ready:
             for r in self.recoveries:
                 if "restored_at" not in r:
@@ -251,4 +269,5 @@ class ReplayMode(Mode):
                     r["restore_s"] = r["restored_at"] - r["lost_at"]
 
     def summary(self, coord: Any) -> dict:
+        """The epoch committed everywhere, and the recoveries."""
         return {"committed_everywhere": self.everywhere, "recoveries": self.recoveries}

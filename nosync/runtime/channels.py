@@ -139,6 +139,7 @@ class Connection:
         self.bytes_received = 0
 
     def fileno(self) -> int:
+        """The socket's file descriptor (for the worker's selector)."""
         return self.sock.fileno()
 
     def send(self, data: bytes, resend: bool = False) -> None:
@@ -215,6 +216,7 @@ class Connection:
         return got
 
     def close(self) -> None:
+        """Closes the socket, once; an error while closing it is ignored."""
         if not self.closed:
             self.closed = True
             try:
@@ -224,6 +226,7 @@ class Connection:
 
 
 def listen(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket listening on `host`:`port` (port 0: a free one)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((host, port))

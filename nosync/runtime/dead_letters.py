@@ -37,6 +37,7 @@ class DeadLetters:
         self.count += 1
 
     def close(self) -> None:
+        """Closes the dead-letter file, if a bad record opened it."""
         if self._file is not None:
             self._file.close()
             self._file = None

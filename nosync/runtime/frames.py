@@ -49,6 +49,8 @@ KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL, EVENT, LINEAGE})
 
 
 class Frame(NamedTuple):
+    """One decoded frame: its kind (DATA, MARKER...), its header map and its body."""
+
     kind: int
     header: dict
     body: Any
@@ -173,4 +175,5 @@ class FrameReader:
 
     @property
     def buffered(self) -> int:
+        """The bytes fed that are not yet part of a complete frame."""
         return len(self._buf)

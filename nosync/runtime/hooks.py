@@ -56,21 +56,30 @@ class WorkerHooks:
         """A peer that came back opened a connection to this running worker."""
 
     def on_start(self, worker: Any, peers: dict) -> None:
+        """A generation's operators are built, before the first record: the mode restores them
+        (`peers`: the coordinator's message); the default restores nothing."""
         pass
 
     def on_event(self, op: Any, channel: Any, event: dict) -> None:
+        """An in-band event reached operator `op` on `channel`; the default forwards it."""
         op.forward_event(event)
 
     def on_control(self, worker: Any, message: dict) -> None:
+        """A coordinator message of type "mode" arrived; the default ignores it."""
         pass
 
     def poll(self, worker: Any) -> None:
+        """Runs once per loop iteration (durable snapshots are acknowledged here);
+        the default does nothing."""
         pass
 
     def can_finish(self, worker: Any) -> bool:
+        """Whether a worker whose input is exhausted may report done; the default: at once."""
         return True
 
     def metrics(self, worker: Any) -> dict:
+        """The mode's metrics of this worker (under "mode" in `Worker.metrics`); the default has
+        none."""
         return {}
 
     def debug_state(self, worker: Any) -> dict:
@@ -78,4 +87,5 @@ class WorkerHooks:
         return {}
 
     def close(self, worker: Any) -> None:
+        """The worker is ending: releases what the mode holds; the default holds nothing."""
         pass

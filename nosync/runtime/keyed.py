@@ -43,6 +43,7 @@ class KeyedOp(Op):
         packed: (n, msgpack array of n [key, value] pairs) per batch."""
 
     def note_changes(self, records: list, out: list | None) -> None:
+        """Notes the keys of `records` as changed."""
         self.dirty.update([r[0] for r in records])
 
     def take_updates(self) -> Updates:
@@ -57,6 +58,7 @@ class KeyedOp(Op):
         return Updates(keys, list(map(self.state.get, keys, repeat(TOMBSTONE))), pairs, True)
 
     def forget_updates(self) -> None:
+        """Drops the updates collected since the last `take_updates`, unsaved."""
         self.dirty = set()
         self.pairs = []
 
@@ -111,6 +113,8 @@ class KeyedOp(Op):
         self.raw_state = raw
 
     def fault_in(self, records: list) -> None:
+        """Loads, through the lazy loader (`lazy`), the saved state of the keys of
+        `records` not looked up before."""
         state = self.state
         looked = self.looked
         load = self.loader
@@ -134,6 +138,7 @@ class KeyedOp(Op):
                 keepalive()
 
     def metrics(self) -> dict:
+        """The operator's metrics, with the number of keys it holds."""
         m = super().metrics()
         m["keys"] = len(self.state)
         return m
@@ -187,7 +192,12 @@ class _LogsOutput(KeyedOp):
 
 
 class ReduceOp(_LogsOutput):
+    """A running reduction per key: state[key] = fn(acc, value), emitted as
+    (key, acc) for every record."""
+
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """Folds each record's value into its key's accumulator (the first value starts it) and
+        emits (key, accumulator)."""
         fn = self.node.params["fn"]
         state = self.state
         get = state.get
@@ -203,7 +213,12 @@ class ReduceOp(_LogsOutput):
 
 
 class AggregateOp(_LogsOutput):
+    """A running aggregate per key, begun by `init()` and grown by `add(acc, value)`, emitted as
+    (key, acc) for every record."""
+
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """Adds each record's value to its key's aggregate (begun by `init()`) and emits
+        the key with its aggregate."""
         init = self.node.params["init"]
         add = self.node.params["add"]
         state = self.state
@@ -222,7 +237,12 @@ class AggregateOp(_LogsOutput):
 
 
 class StatefulMapOp(KeyedOp):
+    """A map with state per key: fn(state, value) gives the key's new state (None deletes it)
+    and the records to emit."""
+
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """Calls fn(state, value) for each record, keeps the new state (None: deletes the key) and
+        emits the records it returns."""
         fn = self.node.params["fn"]
         state = self.state
         out: list = []
@@ -249,6 +269,8 @@ class WindowOp(KeyedOp):
         self.late = 0
 
     def process(self, records: list, epoch: int, channel: Any) -> None:
+        """Adds each record to its key's window by event time and notes the greatest event time of
+        the channel; a record of a closed window is counted late and dropped. Emits nothing."""
         p = self.node.params
         size, timef, init, add = p["size"], p["time"], p["init"], p["add"]
         state = self.state
@@ -271,6 +293,8 @@ class WindowOp(KeyedOp):
         return None
 
     def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
+        """Passes the marker on with the greatest event time seen on `channel` as the channel's
+        watermark, not the marker's own."""
         top = self.seen_max.get(channel)
         if top is not None:
             prev = self.input_wm.get(channel)
@@ -279,11 +303,15 @@ class WindowOp(KeyedOp):
         super().marker(channel, epoch, None, eos)
 
     def watermark(self) -> Any:
+        """The least watermark of the inputs (None while any input has none); None
+        once every input has ended."""
         if self.frontier == EOS:
             return None
         return super().watermark()
 
     def on_frontier(self, epoch: int, wm: Any) -> None:
+        """Emits the windows the watermark has passed (every window at end of input), in key order,
+        and drops them from the state."""
         size = self.node.params["size"]
         out = []
         final = epoch == EOS
@@ -311,11 +339,14 @@ class WindowOp(KeyedOp):
         return None
 
     def metrics(self) -> dict:
+        """The operator's metrics, with the count of late records."""
         m = super().metrics()
         m["late"] = self.late
         return m
 
     def snapshot_meta(self) -> dict:
+        """Adds the window bookkeeping: the greatest event time per channel, the bound below which
+        windows closed, the late count."""
         return {
             **super().snapshot_meta(),
             "seen_max": dict(self.seen_max),
@@ -324,6 +355,7 @@ class WindowOp(KeyedOp):
         }
 
     def restore_meta(self, meta: dict) -> None:
+        """Restores the window bookkeeping too (event times only of the channels this instance has)."""
         super().restore_meta(meta)
         self.seen_max = {c: t for c, t in meta["seen_max"].items() if c in self.inputs}
         self.closed_before = meta["closed_before"]
@@ -342,6 +374,8 @@ class JoinOp(KeyedOp):
         self.appended: list = []
 
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """Adds each record to its key's side and emits it paired with every value of the other side
+        so far, as (key, (left, right))."""
         state = self.state
         left = channel in self.left_channels
         side = 0 if left else 1

@@ -75,10 +75,12 @@ class Op:
         self.targets.append((push, marker, event or _ignore_event, channel))
 
     def add_input(self, channel: Any) -> None:
+        """Declares the input `channel`: no epoch finished on it yet, no watermark."""
         self.inputs[channel] = -1
         self.input_wm[channel] = None
 
     def emit(self, records: list, epoch: int) -> None:
+        """Pushes `records` to every target, tagged with `epoch`."""
         if records:
             self.records_out += len(records)
             for push, _, _, chan in self.targets:
@@ -94,6 +96,7 @@ class Op:
         self.hooks.on_event(self, channel, ev)
 
     def forward_event(self, ev: dict) -> None:
+        """Sends an in-band event on to every target."""
         for _, _, event, chan in self.targets:
             event(chan, ev)
 
@@ -130,6 +133,8 @@ class Op:
     # -- records and progress ----------------------------------------------------------
 
     def push(self, records: list, epoch: int, channel: Any) -> None:
+        """A batch arrived on `channel`: processes it (held while the channel is blocked) and emits
+        the output with `last_epoch`; an error in user code fails the run."""
         if self.blocked and channel in self.blocked:
             self.held.append((0, channel, records, epoch))
             self.held_records += len(records)
@@ -155,12 +160,15 @@ class Op:
             self.emit(out, self.last_epoch)
 
     def process(self, records: list, epoch: int, channel: Any) -> list | None:
+        """The output of a batch (None: nothing); the base passes the records through."""
         return records
 
     def note_changes(self, records: list, out: list | None) -> None:
         """With `track_dirty`: what processing `records` changed (keyed operators)."""
 
     def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
+        """Every record of epochs <= `epoch` arrived on `channel` (all of them with `eos`): when the
+        frontier moves, runs `on_frontier` and forwards the marker."""
         if self.blocked and channel in self.blocked:
             self.held.append((1, channel, (epoch, wm), eos))
             return
@@ -191,6 +199,7 @@ class Op:
                 self.block(channel)
 
     def watermark(self) -> Any:
+        """The least watermark of the inputs; None while any input has none."""
         wms = list(self.input_wm.values())
         if not wms or any(w is None for w in wms):
             return None
@@ -200,6 +209,7 @@ class Op:
         """Every input has finished `epoch` (EOS: everything)."""
 
     def metrics(self) -> dict:
+        """Records in and out, and the seconds spent processing."""
         return {"records_in": self.records_in, "records_out": self.records_out, "busy_s": self.busy_s}
 
     # -- state ---------------------------------------------------------------------
@@ -214,6 +224,7 @@ class Op:
         }
 
     def restore_meta(self, meta: dict) -> None:
+        """Puts back what `snapshot_meta` took (channels this instance no longer has are skipped)."""
         for chan, e in meta["inputs"].items():
             if chan in self.inputs:
                 self.inputs[chan] = e
@@ -225,12 +236,18 @@ class Op:
 
 
 class MapOp(Op):
+    """Map: each record r becomes fn(r)."""
+
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """fn of each record, in order."""
         return list(map(self.node.params["fn"], records))
 
 
 class FlatMapOp(Op):
+    """Flat map: each record r becomes the records fn(r) returns."""
+
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """The records fn returns for each record, in order."""
         fn = self.node.params["fn"]
         out: list = []
         ext = out.extend
@@ -240,7 +257,10 @@ class FlatMapOp(Op):
 
 
 class FilterOp(Op):
+    """Filter: the records r for which fn(r) is true."""
+
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """The records of the batch for which fn is true, in order."""
         return list(filter(self.node.params["fn"], records))
 
 
@@ -250,6 +270,7 @@ class KeyByOp(Op):
     run naming this operator, in every mode alike."""
 
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """(fn(r), r) for each record r; a key the state store cannot hold raises KeyEncodingError."""
         fn = self.node.params["fn"]
         out = [(fn(r), r) for r in records]
         check_keys(out)
@@ -257,6 +278,8 @@ class KeyByOp(Op):
 
 
 class UnionOp(Op):
+    """Union: the records of every input, passed on as they come."""
+
     pass
 
 
@@ -270,6 +293,7 @@ class IterateOp(Op):
         self.iterations = 0
 
     def wire(self, entry: Op, exit_op: Op) -> None:
+        """Sets the loop body's entry operator, and collects what its exit operator emits."""
         self.entry = entry
         exit_op.connect(self._collect, lambda *a: None, "loop")
 
@@ -277,6 +301,8 @@ class IterateOp(Op):
         self._collected.extend(records)
 
     def process(self, records: list, epoch: int, channel: Any) -> list:
+        """Runs the body on the batch, then on what `keep` keeps, until nothing is kept; returns
+        what left the loop, or fails the run after `max_iterations` rounds."""
         keep = self.node.params["keep"]
         limit = self.node.params["max_iterations"]
         out: list = []
@@ -317,6 +343,8 @@ class SinkOp(Op):
         self.committed_epoch = -1
 
     def process(self, records: list, epoch: int, channel: Any) -> None:
+        """Stages the batch in the sink part under `epoch`; a batch of an epoch already
+        committed fails the run."""
         if epoch <= self.committed_epoch:
             raise RunFailed(f"sink '{self.name}' got {len(records)} records of epoch {epoch} after committing it")
         self.part.write(epoch, records)
@@ -368,20 +396,25 @@ class SinkOp(Op):
 
     @property
     def uncommitted(self) -> bool:
+        """Whether anything staged or pre-committed is not yet committed."""
         return bool(self.precommitted) or self.part.has_staged()
 
     def on_frontier(self, epoch: int, wm: Any) -> None:
+        """Commits the epochs the frontier passed (mode none), or seals them in the
+        part when the mode commits."""
         if self.hooks is None or self.hooks.sink_commits_at_frontier:
             self.commit(epoch)
         else:
             self.part.seal(epoch)
 
     def metrics(self) -> dict:
+        """The operator's metrics, with the records committed."""
         m = super().metrics()
         m["committed"] = self.committed
         return m
 
     def snapshot_meta(self) -> dict:
+        """Adds the count of records committed and the pre-commits not yet committed."""
         return {**super().snapshot_meta(), "committed": self.committed, "precommitted": list(self.precommitted)}
 
     def restore_meta(self, meta: dict) -> None:
@@ -392,6 +425,8 @@ class SinkOp(Op):
         self.committed = meta["committed"]
 
     def recover(self, checkpoint: int, precommitted: list, retract_above: int | None = None) -> None:
+        """Back to `checkpoint` through the part's `recover`: commits `precommitted` ((checkpoint,
+        handle) pairs), drops the rest, and counts what it committed."""
         self.precommitted = [(c, h) for c, h in precommitted]
         n = self.part.recover(checkpoint, self.precommitted, retract_above)
         self.precommitted = []
@@ -510,6 +545,8 @@ class SourceOp(Op):
             mark(chan, epoch, None, epoch == EOS)
 
     def snapshot_meta(self) -> dict:
+        """Adds the source's epoch, whether it finished, the records read and
+        each partition's position."""
         return {
             **super().snapshot_meta(),
             "epoch": self.epoch,
@@ -519,6 +556,8 @@ class SourceOp(Op):
         }
 
     def restore_meta(self, meta: dict) -> None:
+        """Restores the epoch and every partition's position, read again from there; a checkpoint of
+        another number of partitions fails the run."""
         super().restore_meta(meta)
         self.epoch = meta["epoch"]
         self.finished = meta["finished"]

@@ -34,6 +34,8 @@ class Router:
         self.buffer_since = [0.0] * self.n
 
     def push(self, records: list, epoch: int, _chan: Any) -> None:
+        """Sends each record to its key's worker: the local share to the operator at once, the rest
+        buffered per destination and framed when a buffer is full or its epoch changes."""
         n = self.n
         if n == 1:
             self.dst.push(frames.wire_records(records, self.sender), epoch, self.local_chan)
@@ -101,6 +103,7 @@ class Router:
         return [d for d in range(self.n) if self.buffers[d] and now - self.buffer_since[d] >= older_than]
 
     def flush(self, older_than: float | None = None) -> None:
+        """Sends the buffers older than `older_than` seconds (None: every buffer)."""
         now = time.monotonic()
         for d in range(self.n):
             if self.buffers[d] and (older_than is None or now - self.buffer_since[d] >= older_than):
@@ -115,9 +118,13 @@ class Router:
                 w.hooks.send_frame(w, d, kind, header, data)
 
     def marker(self, _chan: Any, epoch: int, wm: Any, eos: bool) -> None:
+        """Sends a marker to every other worker, after the buffers, and passes
+        it to the local operator."""
         self._broadcast(frames.MARKER, {"edge": self.edge, "epoch": epoch, "wm": wm, "eos": eos})
         self.dst.marker(self.local_chan, epoch, wm, eos)
 
     def event(self, _chan: Any, ev: dict) -> None:
+        """Sends an in-band event to every other worker, after the buffers, and passes
+        it to the local operator."""
         self._broadcast(frames.EVENT, {"edge": self.edge}, ev)
         self.dst.event(self.local_chan, ev)

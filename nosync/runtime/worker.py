@@ -64,6 +64,9 @@ class Clock:
 
 
 class Worker(Links):
+    """One worker: the Spark task that runs an instance of every operator, with its connections to
+    its peers and the coordinator and the mode's hooks."""
+
     router_class = Router
 
     def __init__(self, index: int, attempt: int, spec: dict, hooks: WorkerHooks) -> None:
@@ -244,6 +247,8 @@ class Worker(Links):
         self._pending_credits[j] = n
 
     def counters(self) -> dict:
+        """What every heartbeat reports: records read and committed, the sinks' least frontier,
+        whether the worker is idle, dead letters."""
         if not self.restored:
             # a restarting worker before its restore: no count of its own yet (the run's
             # time series keeps the last one it had, until the restored position comes)
@@ -260,6 +265,8 @@ class Worker(Links):
         }
 
     def metrics(self) -> dict:
+        """The counters with each operator's metrics, latencies, bytes sent, process facts and the
+        mode's metrics (a finished worker's report)."""
         lat = self._latencies + [x for s in self.sinks for x in s.latencies]
         commits = [s.last_commit_at for s in self.sinks if s.last_commit_at is not None]
         if self._last_commit_at is not None:
@@ -305,6 +312,8 @@ class Worker(Links):
         sys.stderr.flush()
 
     def run(self) -> dict:
+        """Runs the worker, one generation after another, until the coordinator says finish; returns
+        its index, attempt and records read."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, self.dump_state)
         self._register()
@@ -442,6 +451,7 @@ class Worker(Links):
             self.keepalive()
 
     def inc_finished(self, j: int) -> bool:
+        """Whether every exchange input from worker `j` has ended (EOS) on every operator."""
         chans = [
             op
             for op in self.ops

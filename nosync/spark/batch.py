@@ -197,6 +197,8 @@ def run_jobs(
     run_dir: str | None,
     extra: dict,
 ) -> tuple[dict, list]:
+    """Runs the pipeline as Spark batch jobs, stage by stage (`extra` goes into the tasks' spec);
+    returns the totals and the state rows collected."""
     if workers < 1:
         raise NosyncError(f"--workers must be at least 1, got {workers}")
     pipeline = load_pipeline(pipeline_file, params)

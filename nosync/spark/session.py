@@ -21,6 +21,7 @@ business (`--max-restarts`), and a recovering mode needs Spark to retry a lost t
 
 
 def default_master(workers: int) -> str:
+    """The embedded master for `workers` task slots: local[W,F], Spark's retries out of the way."""
     return f"local[{workers},{MAX_FAILURES}]"
 
 

@@ -373,6 +373,7 @@ def _close(ops: list, host: _Host, s: int) -> None:
 
 
 def rows_batch(rows: list[tuple]) -> Any:
+    """The Arrow batch of `rows`, with the columns dest, edge, src, seq, kind, epoch, data."""
     import pyarrow as pa  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
 
     cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(7)]
@@ -391,6 +392,7 @@ def rows_batch(rows: list[tuple]) -> Any:
 
 
 def echo(batches: Any) -> Any:
+    """Yields the batches it is given (a task that does nothing, for warming Spark up)."""
     yield from batches
 
 

@@ -43,10 +43,12 @@ class CheckpointError(NosyncError):
 
 
 def directory(run_dir: str) -> str:
+    """The directory of a run's checkpoint files."""
     return os.path.join(run_dir, "checkpoints")
 
 
 def path_of(run_dir: str, checkpoint: int) -> str:
+    """The path of the file of checkpoint `checkpoint` in run `run_dir`."""
     return os.path.join(directory(run_dir), f"chk-{checkpoint:010d}.msgpack")
 
 
@@ -130,6 +132,8 @@ def prune(run_dir: str, keep: int) -> None:
 
 
 def body(pipeline: str, checkpoint: int, workers: dict[int, Any], extra: dict | None = None) -> dict:
+    """The body of a checkpoint file: the format, the pipeline, the checkpoint id and each
+    worker's metadata, with `extra`."""
     return {"format": FORMAT, "pipeline": pipeline, "checkpoint": checkpoint, "workers": workers, **(extra or {})}
 
 
@@ -158,6 +162,7 @@ STATE = "state"
 
 
 def state_path(run_dir: str, worker: int, operator: str) -> str:
+    """The directory of the keyed store of operator `operator` on worker `worker` (mode abs)."""
     return os.path.join(run_dir, "state", f"w{worker}", operator)
 
 

@@ -28,12 +28,16 @@ class InputLog:
         self.logged_records = 0
 
     def partitions(self, workers: int | None = None) -> list[dict]:
+        """The live source's partitions."""
         return self.inner.partitions(workers)
 
     def describe(self) -> str:
+        """The live source's description."""
         return self.inner.describe()
 
     def read(self, part: dict, offset: Any, chunk: int, on_bad: Any) -> Any:
+        """The logged chunks of partition `part` from `offset` on, then, when `live`, what the live
+        source delivers, each chunk durable in the log before it is handed on."""
         pid = pack(part)
         pos = int(offset or 0)
         logged = self.store.load((self.index, pid))

@@ -35,10 +35,12 @@ LINEAGE = "lineage"
 
 
 def store_path(run_dir: str, worker: int) -> str:
+    """The directory of worker `worker`'s store."""
     return os.path.join(run_dir, "state", f"w{worker}", "nosync")
 
 
 def input_store_path(run_dir: str, worker: int) -> str:
+    """The directory of worker `worker`'s input store (sources that cannot restart from a position)."""
     return os.path.join(run_dir, "state", f"w{worker}", "input")
 
 

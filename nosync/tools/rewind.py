@@ -3,7 +3,7 @@ or a changed pipeline, into a separate output.
 
 The cone of operator X is X and every operator downstream of it (`lineage.rewind_plan`).
 The rewind restores the cone to the state just before epoch E and re-executes epochs E on,
-as Spark batch jobs (`nosync/batch.py`): the original pipeline's instances run up to the end
+as Spark batch jobs (`nosync/spark/batch.py`): the original pipeline's instances run up to the end
 of epoch E - 1, then, in the cone, the new pipeline's instances take over their state,
 frontiers and watermarks and run on. Operators outside the cone run the original code
 throughout. Only the cone's sinks write, into the new output, which holds a whole output of
@@ -28,7 +28,7 @@ checkpoint or a cut of snapshots, when there is one to take):
   cut, read from the senders' output logs, are fed to the stages that consume them before
   anything else on their link. The new output starts with the run's files each worker had
   pre-committed up to its snapshot. The window is what the stores retained: the last
-  `nosync.RETENTION` snapshots of each worker at least.
+  `RETENTION` snapshots (`nosync/modes/nosync/snapshots.py`) of each worker at least.
 - "sources" (what "auto" takes for modes none and replay): the jobs read the sources from
   the start. Every epoch the sources can read again can be rewound to.
 

@@ -23,6 +23,8 @@ from nosync.state.stores import read_store
 
 
 def committed_epochs(directory: str) -> list[int]:
+    """The epochs a Files sink committed part files of in `directory`, sorted
+    (none if it does not exist)."""
     if not os.path.isdir(directory):
         return []
     return sorted({int(m.group(1)) for n in os.listdir(directory) if (m := sinks.PART_NAME.match(n))})

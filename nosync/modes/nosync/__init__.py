@@ -12,13 +12,17 @@ survivor rolls back.
 
 The modules, one concern each:
 
-- `layout`: the worker's store and what each of its states holds; readers for tools;
-- `inputlog`: sources that cannot restart from a position, made replayable;
 - `outlog`: the output log in memory, its residue, its spill;
-- `hooks`: the worker half in steady state (steps, frames, lineage points, snapshots, budget);
+- `hooks`: the worker half in steady state (steps, frames, lineage);
+- `snapshots`: lineage points and snapshots, the persistence budget, durability;
 - `recovery`: restore, bulk load, replay;
+- `steps`: the re-execution of logged steps (a recovery's and a span job's);
 - `span`: a long recovery span handed to a Spark batch job (`--replay-threshold-records`);
 - `driver`: the coordinator's half (durable points, the safe point, recovery orchestration).
+
+The worker's store and what each of its states holds (`nosync.state.layout`), and the input
+log of sources that cannot restart from a position (`nosync.state.inputlog`), are read by the
+offline tools too, so they live below the modes.
 
 Left out: the rollback cascade for a fingerprint mismatch (a user function that is not
 deterministic given its input order fails the run, naming the link and chan_seq).

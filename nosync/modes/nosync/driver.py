@@ -55,6 +55,8 @@ class NosyncMode(Mode):
         """(worker, generation, result) of span jobs done, for `tick` to hand over."""
 
     def attach(self, spark: Any, spec: dict) -> None:
+        """Keeps the Spark session and the run's spec for span jobs, and warms Spark up for them
+        when a replay threshold is set."""
         self.spark, self.spec = spark, spec
         if self.threshold:
             warm_up_soon(spark, spec["workers"], "span")
@@ -69,6 +71,8 @@ class NosyncMode(Mode):
         self.span_results.append((worker, gen, result))
 
     def worker_options(self) -> dict:
+        """The persistence options the worker half uses, with their defaults: tier, interval,
+        budget, memory bounds, replay threshold."""
         o = self.options
         return {
             "persist_tier": o.get("persist_tier") or o.get("checkpoint_tier") or "disk",
@@ -81,6 +85,8 @@ class NosyncMode(Mode):
         }
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
+        """Takes a worker's mode messages: a span job to run, a request to cover a recovering peer,
+        a replay done (into its recovery's row), a newer durable point."""
         if msg.get("op") == "span":
             coord.event("span_job", worker=worker, step=int(msg.get("step", 0)))
             threading.Thread(
@@ -136,6 +142,8 @@ class NosyncMode(Mode):
                 coord.event("snapshot", worker=worker, step=int(p["step"]))
 
     def tick(self, coord: Any) -> None:
+        """Hands finished span jobs to their workers and, when a durable point changed, broadcasts
+        the points with the safe point (at most every BROADCAST_GAP_S)."""
         while self.span_results:
             w, gen, result = self.span_results.pop(0)
             if gen == coord.gen:
@@ -153,6 +161,8 @@ class NosyncMode(Mode):
         coord.broadcast({"type": "mode", "op": "points", "points": self.points, "safe": self.safe, "gen": coord.gen})
 
     def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
+        """Recovers the lost worker alone while the others go on; a second loss meanwhile makes
+        every worker restore (a regroup); past --max-restarts, the run fails."""
         row = {
             "worker": worker,
             "attempt": attempt,
@@ -184,6 +194,8 @@ class NosyncMode(Mode):
         coord.broadcast({"type": "mode", "op": "lost", "worker": worker, "attempt": attempt, "gen": coord.gen})
 
     def on_rejoin(self, coord: Any, worker: int, attempt: int, address: list) -> None:
+        """Sends the new attempt the peers to restore alone with, and tells every other
+        worker to connect to it."""
         peers = [coord.members[i] for i in range(coord.workers)]
         coord.send(worker, {"type": "peers", "gen": coord.gen, "addresses": peers, "restore": True, "alone": True})
         for w in range(coord.workers):
@@ -201,12 +213,16 @@ class NosyncMode(Mode):
                 )
 
     def on_generation(self, coord: Any, gen: int) -> dict:
+        """Every worker restores its own last snapshot (after a regroup or on a resume);
+        nothing on a fresh start."""
         if gen == 0 and not self.resume:
             return {}
         coord.event("restore", scope="every worker")
         return {"restore": True}
 
     def on_ready(self, coord: Any, worker: int, gen: int) -> None:
+        """Has the safe point sent again, and times the recovery of a worker that restored (of every
+        worker, after a regroup)."""
         # a worker that restored learns the safe point at the next tick, even when it will not
         # change again (a loss after the last safe point of the run: nothing else would send it)
         self.changed = True
@@ -224,6 +240,8 @@ class NosyncMode(Mode):
                     r["restore_s"] = r["restored_at"] - r["lost_at"]
 
     def summary(self, coord: Any) -> dict:
+        """Totals and maxima of the workers' persistence metrics, the safe
+        point, and the recoveries."""
         per = [d.get("metrics", {}).get("mode", {}) for d in coord.done.values()]
 
         def total(k: str) -> Any:
@@ -255,4 +273,5 @@ class NosyncMode(Mode):
         }
 
     def tables(self) -> dict[str, list[dict]]:
+        """The safe point over time (`safe_points`)."""
         return {"safe_points": self.safe_rows}

@@ -79,6 +79,9 @@ credit until the replay processes it."""
 
 
 class NosyncHooks(Snapshots, WorkerHooks):
+    """The worker half of mode nosync: logs every step as lineage, numbers and keeps the frames it
+    sends, persists lineage points and snapshots, and recovers a worker alone."""
+
     name = "nosync"
     sink_commits_at_frontier = False
     tracks_dirty = True
@@ -184,11 +187,14 @@ class NosyncHooks(Snapshots, WorkerHooks):
         self.stash.add(self.w.index, [(self.step, entry)])
 
     def poll_source(self, worker: Any, source: Any) -> bool:
+        """Logs the step that reads one chunk of `source` (with the clock's epoch
+        under --epoch-ms), then reads it."""
         e = source.time_epoch() if worker.epoch_ms else None
         self._log((Step.READ, worker.sources.index(source), e))
         return source.poll(e)
 
     def flush_routers(self, worker: Any) -> None:
+        """Logs a step for each exchange buffer past the linger time, then sends it."""
         linger = worker.linger_s
         for ri, r in enumerate(worker.routers):
             for d in r.due(linger):
@@ -196,6 +202,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
                 r._send(d)
 
     def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
+        """Numbers the frame on the link to `dest`, adds its fingerprint and the lineage `dest`
+        lacks, keeps it in the output log and sends it if the link is up."""
         seq = self.produced.get(dest, 0) + 1
         self.produced[dest] = seq
         # a copy: a broadcast hands every destination the same header, and each gets its own lineage
@@ -229,6 +237,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
                     self.stash.add(int(origin), entries)
 
     def accept_frame(self, worker: Any, j: int, f: Any) -> bool:
+        """Whether a frame from worker `j` is processed now: not a LINEAGE frame, one processed
+        before (its fingerprint checked) or one queued during a replay; a gap fails the run."""
         if f.kind == frames.LINEAGE:
             self._on_lineage(worker, j, f)
             return False
@@ -338,6 +348,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
         self.up[j] = True
 
     def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
+        """Marks the link to `peer` down and forgets what its lost attempt asked for; its frames
+        received but not processed will come again."""
         if peer not in worker.out:
             self.up[peer] = False
         asked = self.lineage_attempt.get(peer)
@@ -353,6 +365,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
             self.received[peer] = self.consumed.get(peer, 0)
 
     def on_control(self, worker: Any, message: dict) -> None:
+        """Takes the coordinator's mode messages: durable points, a lost peer, a span job done, a
+        request to snapshot now, a peer that came back."""
         op = message.get("op")
         if op == "points":
             self._on_points(worker, message)
@@ -409,6 +423,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
     # -- lineage points and snapshots -------------------------------------------------------
 
     def may_read(self, worker: Any) -> bool:
+        """Whether sources may be read: not while more than `max_unpersisted_mb` of appends are not
+        durable (the stall is timed)."""
         if self.unpersisted <= self.max_unpersisted:
             if self._stall_from is not None:
                 self.stall_s += time.perf_counter() - self._stall_from
@@ -419,6 +435,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
         return False
 
     def can_finish(self, worker: Any) -> bool:
+        """Whether every step is in a lineage point, no append awaits durability, the sinks
+        committed everything and every link to a peer resumed."""
         return (
             self.point_step == self.step
             and not self.pending
@@ -443,6 +461,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
         )
 
     def on_start(self, worker: Any, peers: dict) -> None:
+        """Opens the store, the output log and the input logs of unreplayable sources; a restore or
+        a restart recovers the worker (`recovery.recover`)."""
         self.w = worker
         self._reset()
         if self.outlog is not None:
@@ -478,6 +498,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
         recovery.recover(self, worker)
 
     def debug_state(self, worker: Any) -> dict:
+        """Steps, durable points, links, queues, the output log and the sinks not committed,
+        for `Worker.dump_state`."""
         return {
             "step": self.step,
             "snapshot_step": self.snapshot_step,
@@ -499,6 +521,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
         }
 
     def metrics(self, worker: Any) -> dict:
+        """Persistence (snapshots, lineage points, bytes, stall, intervals), spans, replays, frames,
+        the output log and input logging."""
         stall = self.stall_s
         if self._stall_from is not None:
             stall += time.perf_counter() - self._stall_from
@@ -533,6 +557,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
         }
 
     def close(self, worker: Any) -> None:
+        """Stops the bulk loader and closes the output log and the stores (an error closing a
+        store is logged, not raised)."""
         if self.loader is not None:
             self.loader.stop()
         if self.outlog is not None:

@@ -18,6 +18,9 @@ from nosync.codec import pack, unpack
 
 
 class OutputLog:
+    """One worker's output log: per destination, the frames it sent in chan_seq order, in memory
+    or spilled, until trimmed."""
+
     def __init__(self, spill_path: str, max_bytes: int) -> None:
         self.spill_path = spill_path
         self.max_bytes = max_bytes
@@ -32,12 +35,15 @@ class OutputLog:
         self._spill_end = 0
 
     def add(self, dest: int, seq: int, frame: bytes) -> None:
+        """Keeps frame `seq` sent to `dest`; past `max_bytes` in memory, the
+        oldest frames are spilled."""
         self.frames.setdefault(dest, deque()).append([seq, frame])
         self.mem += len(frame)
         if self.mem > self.max_bytes:
             self._spill_oldest()
 
     def first(self, dest: int) -> int | None:
+        """The chan_seq of the oldest frame kept for `dest`, None if none is."""
         q = self.frames.get(dest)
         return q[0][0] if q else None
 
@@ -50,6 +56,7 @@ class OutputLog:
                 self.mem -= len(frame)
 
     def trim_all(self, dest: int) -> None:
+        """Drops every frame kept for `dest`."""
         self.trim(dest, 1 << 62)
 
     def since(self, dest: int, start: int) -> list[bytes]:
@@ -75,6 +82,7 @@ class OutputLog:
                 self.restored[int(d)] = q[-1][0]
 
     def count(self) -> int:
+        """The number of frames kept, over every destination."""
         return sum(len(q) for q in self.frames.values())
 
     def _bytes(self, frame: bytes | list) -> bytes:
@@ -104,6 +112,7 @@ class OutputLog:
         self._spill.flush()
 
     def close(self) -> None:
+        """Closes the spill file, if one was opened."""
         if self._spill is not None:
             self._spill.close()
             self._spill = None

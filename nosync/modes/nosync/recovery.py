@@ -93,6 +93,8 @@ def recover(h: Any, worker: Any) -> None:
 
 
 def restore(h: Any, worker: Any) -> None:
+    """Puts the worker back to its last durable snapshot and the lineage points after it (keyed
+    state mostly loaded in the background); with no snapshot, back to the start."""
     store = h.store
     metas = store.versions(META, 0)
     h.durable_seq = store.last_seq
@@ -205,6 +207,7 @@ class BulkLoader:
         return not self._thread.is_alive()
 
     def stop(self) -> None:
+        """Asks the thread to stop before it loads the next operator's state."""
         self._stop = True
 
 

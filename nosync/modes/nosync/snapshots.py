@@ -161,6 +161,8 @@ class Snapshots:
         return sum(1 for p in self.pending if p.snapshot is not None)
 
     def poll(self, worker: Any) -> None:
+        """Once per loop iteration: installs loaded state, takes a snapshot or a lineage point when
+        one is due, a cut with a replay threshold, and takes in the appends made durable."""
         if self.loader is not None:
             self.loader.install_done(worker)
         now = time.monotonic()

@@ -1,6 +1,6 @@
 """Checkpoint metadata files: written whole, read back equal, refused when damaged.
 
-The expected bytes of a file are built here from the layout in nosync/checkpoints.py's
+The expected bytes of a file are built here from the layout in nosync/state/checkpoints.py's
 docstring (magic "NSCK" | format u8 | xxh64 of the body u64 LE | msgpack body), not by the code
 under test; so are damaged files.
 """

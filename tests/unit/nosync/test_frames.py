@@ -1,6 +1,6 @@
 """Channel frames: round trips, stream reassembly and hostile input.
 
-Wire format (nosync/frames.py): length u32 LE | version u8 | kind u8 | header length u16 LE |
+Wire format (nosync/runtime/frames.py): length u32 LE | version u8 | kind u8 | header length u16 LE |
 header (msgpack map) | body (msgpack), `length` counting everything after itself.
 
 Decoding turns msgpack arrays into tuples (use_list=False), in the header and in the body:

@@ -1,7 +1,7 @@
 """Runtime operators driven directly: batches and markers in, batches and markers out.
 
 Operators come from nodes of real pipelines (`make_op`, or the classes the worker builds itself
-for join and iterate, wired as nosync/worker.py's `_build` wires them). A `Collector` stands in
+for join and iterate, wired as nosync/runtime/worker.py's `_build` wires them). A `Collector` stands in
 for the downstream operator. Expected outputs come from plain-Python models.
 """
 
@@ -432,7 +432,7 @@ def test_error_downstream_is_reported_by_the_downstream_operator():
 
 
 def build_loop(p: ns.Pipeline, it_stream: ns.Stream) -> tuple[IterateOp, Collector]:
-    """The operators between the source and the sink, wired as nosync/worker.py's _build does:
+    """The operators between the source and the sink, wired as nosync/runtime/worker.py's _build does:
     the iterate operator feeds its loop_entry, the body's edges are forward, the exit goes back
     to the iterate operator."""
     nodes = p.nodes

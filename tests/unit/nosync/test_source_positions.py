@@ -1,4 +1,4 @@
-"""Exact restart positions of a source operator (nosync/worker.py SourceOp, nosync/sources.py).
+"""Exact restart positions of a source operator (nosync/runtime/operators.py SourceOp, nosync/api/sources.py).
 
 A SourceOp is built from a real pipeline's source node and driven poll by poll with a stand-in
 for the worker (no Spark, no sockets). Its `snapshot_meta()`, taken between any two polls and
@@ -84,7 +84,7 @@ def source_op(src, worker: StandInWorker) -> tuple[SourceOp, Emissions]:
 
 
 def stored(meta: dict) -> dict:
-    """`meta` as it comes back from a checkpoint file (nosync/checkpoints.py's msgpack options)."""
+    """`meta` as it comes back from a checkpoint file (nosync/state/checkpoints.py's msgpack options)."""
     return msgpack.unpackb(msgpack.packb(meta, use_bin_type=True), raw=False, use_list=False, strict_map_key=False)
 
 

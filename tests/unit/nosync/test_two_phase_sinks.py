@@ -1,10 +1,10 @@
-"""Two-phase commit of the sinks (nosync/sinks.py), driven part by part on real files and a real
+"""Two-phase commit of the sinks (nosync/api/sinks.py), driven part by part on real files and a real
 LevelDB: a pre-commit shows nothing, survives a crash of its writer, is committed exactly once
 however often the commit is repeated, and `recover(c)` forgets everything after checkpoint c.
 
 A "crash" is a part dropped (`del`) without `close()`; the writer that takes over is a new part of the
 same worker on the same directory. Handles go through msgpack as a checkpoint file stores them
-(nosync/checkpoints.py). Expected outputs and file names are written out from the test's input.
+(nosync/state/checkpoints.py). Expected outputs and file names are written out from the test's input.
 """
 
 from __future__ import annotations
