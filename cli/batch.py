@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.common import master_option, parse_params
+from cli.common import master_option, move_log, parse_params, spark_log, staged_log, verbose_option
 
 
 @click.command("batch")
@@ -24,28 +24,34 @@ from cli.common import master_option, parse_params
     "--batch-size", type=click.IntRange(min=1), default=1024, show_default=True, help="Records a source reads per step."
 )
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="Pipeline parameter (repeatable).")
-def batch_cmd(pipeline_file, workers, master, run_dir, epoch_records, batch_size, params) -> None:
+@verbose_option()
+def batch_cmd(pipeline_file, workers, master, run_dir, epoch_records, batch_size, params, verbose) -> None:
     """Run PIPELINE_FILE over bounded input as Spark batch jobs, one per stage between
     exchanges, with the streaming operators' own code; the committed output is the one a
     streaming run commits."""
     from nosync.errors import NosyncError, PipelineError
     from nosync.spark.batch import run_batch
 
+    staged = staged_log()
     try:
-        r = run_batch(
-            pipeline_file,
-            parse_params(params),
-            workers=workers,
-            master=master,
-            epoch_records=epoch_records,
-            batch_size=batch_size,
-            run_dir=run_dir,
-        )
+        with spark_log(verbose, staged):
+            r = run_batch(
+                pipeline_file,
+                parse_params(params),
+                workers=workers,
+                master=master,
+                epoch_records=epoch_records,
+                batch_size=batch_size,
+                run_dir=run_dir,
+            )
     except PipelineError as e:
         raise click.UsageError(str(e)) from None
     except NosyncError as e:
+        if not verbose:
+            click.echo(f"Spark's own output: {move_log(staged, run_dir)}", err=True)
         raise click.ClickException(str(e)) from None
+    log = "" if verbose else f"; Spark's output: {move_log(staged, r['run_dir'])}"
     click.echo(
         f"batch: {r['stages']} stage(s), {r['seconds']:.1f}s, rows between stages {r['rows'][:-1]}, "
-        f"read {r['read']:,}, committed {r['committed']:,}"
+        f"read {r['read']:,}, committed {r['committed']:,}{log}"
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 
 import click
@@ -40,9 +42,48 @@ def spark_output_to(path: str) -> Iterator[None]:
         os.close(fd)
 
 
+def verbose_option() -> Callable:
+    """`--verbose`, shared by every command that starts Spark: show Spark's own output (WARN
+    and log4j lines) on the terminal instead of sending it to the run directory's spark.log."""
+    return click.option(
+        "--verbose", is_flag=True, help="Show Spark's own output here instead of in the run directory's spark.log."
+    )
+
+
+@contextlib.contextmanager
+def spark_log(verbose: bool, path: str) -> Iterator[None]:
+    """Spark's output to `path` for the block (`spark_output_to`), unless `verbose`."""
+    if verbose:
+        yield
+        return
+    with spark_output_to(path):
+        yield
+
+
+def staged_log() -> str:
+    """Where Spark's output goes until the run directory is known (`move_log`)."""
+    return os.path.join(tempfile.gettempdir(), f"nosync-spark-{os.getpid()}.log")
+
+
+def move_log(staged: str, run_dir: str | None) -> str:
+    """Moves a spark.log written before the run directory was known into it (appending to one
+    already there); returns where the log is."""
+    if not run_dir or not os.path.exists(staged):
+        return staged
+    final = os.path.join(run_dir, "spark.log")
+    os.makedirs(run_dir, exist_ok=True)
+    if os.path.exists(final):
+        with open(staged, "rb") as src, open(final, "ab") as dst:
+            dst.write(src.read())
+        os.unlink(staged)
+    else:
+        shutil.move(staged, final)
+    return final
+
+
 def restore_from_option(help: str) -> Callable:
     """`--restore-from auto|checkpoint|sources`, shared by `rewind` and `state` (the values of
-    `nosync.rewind.RESTORE_FROM`, not imported here to keep the CLI's start-up light)."""
+    `nosync.tools.rewind.RESTORE_FROM`, not imported here to keep the CLI's start-up light)."""
     return click.option(
         "--restore-from",
         "restore_from",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
-from cli.common import master_option, restore_from_option
+from cli.common import master_option, restore_from_option, spark_log, verbose_option
 
 
 @click.command("rewind")
@@ -35,7 +36,8 @@ from cli.common import master_option, restore_from_option
 )
 @master_option("embedded")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
-def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from, master, as_json) -> None:
+@verbose_option()
+def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from, master, as_json, verbose) -> None:
     """Restore OPERATOR of the run in RUN_DIR, and its downstream cone, to the state just before
     epoch --to-epoch, and re-execute from there with the run's pipeline or a changed one
     (--pipeline), into a separate output. The run itself is not changed."""
@@ -43,15 +45,16 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from,
     from nosync.tools.rewind import rewind
 
     try:
-        r = rewind(
-            run_dir,
-            operator,
-            to_epoch,
-            pipeline_file=pipeline_file,
-            output=output,
-            master=master,
-            restore_from=restore_from,
-        )
+        with spark_log(verbose or not os.path.isdir(run_dir), os.path.join(run_dir, "spark.log")):
+            r = rewind(
+                run_dir,
+                operator,
+                to_epoch,
+                pipeline_file=pipeline_file,
+                output=output,
+                master=master,
+                restore_from=restore_from,
+            )
     except (PipelineError, NosyncError) as e:
         if isinstance(e, RunFailed):
             click.echo(f"error: rewind failed: {e}", err=True)

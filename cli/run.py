@@ -7,7 +7,7 @@ import time
 
 import click
 
-from cli.common import master_option, parse_params
+from cli.common import master_option, move_log, parse_params, spark_log, staged_log, verbose_option
 
 
 @click.command("run")
@@ -121,6 +121,7 @@ from cli.common import master_option, parse_params
     help="Continue the run in --run-dir (abs: its last completed checkpoint; nosync: every worker's last snapshot).",
 )
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")
+@verbose_option()
 def run_cmd(
     pipeline_file,
     mode,
@@ -145,6 +146,7 @@ def run_cmd(
     replay_threshold_records,
     resume,
     params,
+    verbose,
 ) -> None:
     """Run PIPELINE_FILE (a Python file defining `pipeline` or `build(args)`)."""
     from nosync.driver.runner import run
@@ -172,33 +174,35 @@ def run_cmd(
             last[2] = int(p["t"])  # one line a second
             click.echo(line)
 
+    staged = staged_log()
     try:
-        result = run(
-            pipeline_file,
-            mode=mode,
-            workers=workers,
-            master=master,
-            run_dir=run_dir,
-            epoch_records=epoch_records,
-            epoch_ms=epoch_ms,
-            params=args,
-            batch_size=batch_size,
-            linger_ms=linger_ms,
-            on_bad_record=on_bad_record,
-            progress=progress,
-            checkpoint_ms=checkpoint_ms,
-            checkpoint_tier=checkpoint_tier,
-            max_concurrent_checkpoints=max_concurrent_checkpoints,
-            checkpoint_timeout_ms=checkpoint_timeout_ms,
-            max_restarts=max_restarts,
-            resume=resume,
-            persist_ms=persist_ms,
-            persist_budget=persist_budget,
-            max_unpersisted_mb=max_unpersisted_mb,
-            max_output_log_mb=max_output_log_mb,
-            max_concurrent_snapshots=max_concurrent_snapshots,
-            replay_threshold_records=replay_threshold_records,
-        )
+        with spark_log(verbose, staged):
+            result = run(
+                pipeline_file,
+                mode=mode,
+                workers=workers,
+                master=master,
+                run_dir=run_dir,
+                epoch_records=epoch_records,
+                epoch_ms=epoch_ms,
+                params=args,
+                batch_size=batch_size,
+                linger_ms=linger_ms,
+                on_bad_record=on_bad_record,
+                progress=progress,
+                checkpoint_ms=checkpoint_ms,
+                checkpoint_tier=checkpoint_tier,
+                max_concurrent_checkpoints=max_concurrent_checkpoints,
+                checkpoint_timeout_ms=checkpoint_timeout_ms,
+                max_restarts=max_restarts,
+                resume=resume,
+                persist_ms=persist_ms,
+                persist_budget=persist_budget,
+                max_unpersisted_mb=max_unpersisted_mb,
+                max_output_log_mb=max_output_log_mb,
+                max_concurrent_snapshots=max_concurrent_snapshots,
+                replay_threshold_records=replay_threshold_records,
+            )
     except PipelineError as e:
         if tty:
             click.echo()
@@ -207,6 +211,8 @@ def run_cmd(
         if tty:
             click.echo()
         click.echo(f"error: run failed: {e}", err=True)
+        if not verbose:
+            click.echo(f"Spark's own output: {move_log(staged, run_dir)}", err=True)
         sys.exit(1)
     except NosyncError as e:
         if tty:
@@ -248,6 +254,8 @@ def run_cmd(
             )
         )
     rows.append(("run directory", result.run_dir))
+    if not verbose:
+        rows.append(("Spark's output", move_log(staged, result.run_dir)))
     width = max(len(a) for a, _ in rows)
     click.echo("\n".join(f"{a:<{width}}  {b}" for a, b in rows))
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from cli.common import master_option, restore_from_option
+from cli.common import master_option, restore_from_option, spark_log, verbose_option
 
 
 def _candidates(text: str) -> list:
@@ -44,7 +44,8 @@ def _candidates(text: str) -> list:
 )
 @master_option("embedded")
 @click.option("--json", "as_json", is_flag=True, help="Print (key, state) pairs as JSON lines.")
-def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, as_json) -> None:
+@verbose_option()
+def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, as_json, verbose) -> None:
     """Show the keyed state of OPERATOR in the run RUN_DIR at the end of an epoch. The state is
     computed by Spark batch jobs running the pipeline's own operators over the run's input:
     from the latest retained checkpoint before that epoch for a run in mode abs, from a
@@ -70,7 +71,7 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
             err=True,
         )
         sys.exit(2)
-    with scratch_near(run_dir, "nosync-state-") as scratch:
+    with scratch_near(run_dir, "nosync-state-") as scratch, spark_log(verbose, os.path.join(run_dir, "spark.log")):
         try:
             pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
             # a checkpoint whose cut lies before epoch E begins (not only before it ends): the
