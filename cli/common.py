@@ -44,9 +44,13 @@ def spark_output_to(path: str) -> Iterator[None]:
 
 def verbose_option() -> Callable:
     """`--verbose`, shared by every command that starts Spark: show Spark's own output (WARN
-    and log4j lines) on the terminal instead of sending it to the run directory's spark.log."""
+    and log4j lines) on the terminal instead of sending it to a file (the run directory's
+    spark.log; a rewind's in its output's _rewind/; `state`, which writes nothing, a
+    temporary file it names if it fails)."""
     return click.option(
-        "--verbose", is_flag=True, help="Show Spark's own output here instead of in the run directory's spark.log."
+        "--verbose",
+        is_flag=True,
+        help="Show Spark's own output here instead of in a log file (a run's: its directory's spark.log).",
     )
 
 
@@ -66,8 +70,8 @@ def staged_log() -> str:
 
 
 def move_log(staged: str, run_dir: str | None) -> str:
-    """Moves a spark.log written before the run directory was known into it (appending to one
-    already there); returns where the log is."""
+    """Moves a spark.log written before its directory was known (a run's, a batch's, a
+    rewind's) into `run_dir` (appending to one already there); returns where the log is."""
     if not run_dir or not os.path.exists(staged):
         return staged
     final = os.path.join(run_dir, "spark.log")

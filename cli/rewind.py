@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from cli.common import master_option, restore_from_option, spark_log, verbose_option
+from cli.common import master_option, move_log, restore_from_option, spark_log, staged_log, verbose_option
 
 
 @click.command("rewind")
@@ -44,8 +44,9 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from,
     from nosync.errors import NosyncError, PipelineError, RunFailed
     from nosync.tools.rewind import rewind
 
+    staged = staged_log()
     try:
-        with spark_log(verbose or not os.path.isdir(run_dir), os.path.join(run_dir, "spark.log")):
+        with spark_log(verbose, staged):
             r = rewind(
                 run_dir,
                 operator,
@@ -56,11 +57,15 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from,
                 restore_from=restore_from,
             )
     except (PipelineError, NosyncError) as e:
+        if not verbose:
+            click.echo(f"Spark's own output: {staged}", err=True)
         if isinstance(e, RunFailed):
             click.echo(f"error: rewind failed: {e}", err=True)
             sys.exit(1)
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    if not verbose:
+        r["spark_log"] = move_log(staged, os.path.join(r["output"], "_rewind"))
     if as_json:
         click.echo(json.dumps(r, indent=1))
         return

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from cli.common import master_option, restore_from_option, spark_log, verbose_option
+from cli.common import master_option, restore_from_option, spark_log, staged_log, verbose_option
 
 
 def _candidates(text: str) -> list:
@@ -71,7 +71,8 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
             err=True,
         )
         sys.exit(2)
-    with scratch_near(run_dir, "nosync-state-") as scratch, spark_log(verbose, os.path.join(run_dir, "spark.log")):
+    staged = staged_log()
+    with scratch_near(run_dir, "nosync-state-") as scratch, spark_log(verbose, staged):
         try:
             pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
             # a checkpoint whose cut lies before epoch E begins (not only before it ends): the
@@ -94,8 +95,10 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
         except NosyncError as e:
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {e}" + ("" if verbose else f" (Spark's own output: {staged})"), err=True)
             sys.exit(1 if isinstance(e, RunFailed) else 2)
+    if not verbose and os.path.exists(staged):
+        os.unlink(staged)  # the state was computed: Spark's output holds nothing to keep
     state.sort(key=lambda kv: encode_key(kv[0]))
     shown = state if not limit else state[:limit]
     if as_json:
