@@ -17,13 +17,12 @@ import subprocess
 import sys
 
 import pytest
-from test_abs import judge_chaos, workload_params
+from support.paths import ROOT, WORKLOADS
+from support.runs import judge_chaos
+from support.workloads import workload_params
 
 import nosync as ns
 from nosync.errors import NosyncError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 
 
 def judge(tmp_path, workload: str, workers: int, kills: int, seed: int, params: dict | None = None) -> None:

@@ -17,7 +17,8 @@ import os
 import signal
 
 import pytest
-from test_abs import committed_pairs, finish, keyed_count_expected, start_run, wait_event
+from support.runs import committed_pairs, finish, start_run, wait_event
+from support.workloads import keyed_count_expected
 
 from experiments.chaos import Events
 
