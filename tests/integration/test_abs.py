@@ -22,6 +22,7 @@ import subprocess
 import time
 
 import pytest
+from support import soak
 from support.paths import NOSYNC, ROOT
 from support.runs import committed_pairs, finish, judge_chaos, start_run, wait_event
 from support.workloads import big_text, keyed_count_expected, workload_params
@@ -52,17 +53,8 @@ def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
     assert all(s["last_seq"] == s["disk"] >= 0 for s in info["stores"]), info["stores"]
 
 
-SOAK = [
-    (w, n, k, seed)
-    for w in ("wordcount", "keyed_count", "nexmark")
-    for n in (2, 3)
-    for k in (1, 2, 3)
-    for seed in (1, 2)
-]
-
-
 @pytest.mark.soak
-@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), soak.cases("abs"))
 def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
     # wordcount and keyed_count runs last 3 to 5 s on a fast day: at the default 1 s between
     # checkpoints, three kills that each wait for a checkpoint after the last recovery did not

@@ -24,20 +24,14 @@ import json
 import os
 
 import pytest
+from support import soak
 from support.paths import PIPELINES
 from support.runs import judge_chaos
 from support.workloads import write_dead_letters_input
 
-SOAK = [
-    (p, mode, w)
-    for p in ("chaos_mixed", "chaos_chain", "halving_loop", "python_state")
-    for mode in ("abs", "nosync", "replay")
-    for w in (2, 3)
-]
-
 
 @pytest.mark.soak
-@pytest.mark.parametrize(("pipeline", "mode", "workers"), SOAK)
+@pytest.mark.parametrize(("pipeline", "mode", "workers"), soak.pipeline_cases())
 def test_chaos_pipeline_soak(tmp_path, pipeline, mode, workers):
     kills = 1 if mode == "abs" else 2  # an abs run of these lasts a few checkpoints
     options = {"checkpoint_ms": 500} if mode == "abs" else None
@@ -48,7 +42,7 @@ def test_chaos_pipeline_soak(tmp_path, pipeline, mode, workers):
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize(("mode", "workers"), [(m, w) for m in ("abs", "nosync", "replay") for w in (2, 3)])
+@pytest.mark.parametrize(("mode", "workers"), soak.mode_cases())
 def test_chaos_dead_letters_soak(tmp_path, mode, workers):
     from experiments.chaos import canonical, dead_letters
 
@@ -62,7 +56,7 @@ def test_chaos_dead_letters_soak(tmp_path, mode, workers):
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize(("mode", "workers"), [(m, w) for m in ("abs", "nosync", "replay") for w in (2, 3)])
+@pytest.mark.parametrize(("mode", "workers"), soak.mode_cases())
 def test_chaos_sparse_inputs_soak(tmp_path, mode, workers):
     """chaos_sparse: idle workers (a one-file CSV), an empty source, a window re-keyed, a
     join; its committed output is also checked against the definitions of its inputs."""

@@ -40,6 +40,7 @@ import threading
 import time
 
 import pytest
+from support import soak
 from support.paths import NOSYNC, PIPELINES, ROOT, WORKLOADS
 from support.runs import committed_pairs, finish, judge_chaos, wait_event
 from support.workloads import keyed_count_expected, workload_params
@@ -63,17 +64,8 @@ def test_chaos_nosync_is_exactly_once(tmp_path, workload, workers, kills):
     assert len([e for e in events if e["event"] == "recovered"]) == kills
 
 
-SOAK = [
-    (w, n, k, seed)
-    for w in ("wordcount", "keyed_count", "nexmark")
-    for n in (2, 3)
-    for k in (1, 2, 3)
-    for seed in (1, 2)
-]
-
-
 @pytest.mark.soak
-@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), soak.cases("nosync"))
 def test_chaos_nosync_soak(tmp_path, workload, workers, kills, seed):
     judge_chaos(tmp_path, workload, "nosync", workers, kills, seed, workload_params(workload, tmp_path))
 

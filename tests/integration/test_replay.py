@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+from support import soak
 from support.paths import ROOT, WORKLOADS
 from support.runs import judge_chaos
 from support.workloads import workload_params
@@ -44,13 +45,8 @@ def test_chaos_replay_is_exactly_once(tmp_path):
     judge(tmp_path, "keyed_count", 2, 1, seed=3, params={"records": "1200000", "keys": "20000"})
 
 
-SOAK = [
-    (w, n, k, seed) for w in ("wordcount", "keyed_count", "nexmark") for n in (2, 3) for k in (1, 2) for seed in (1, 2)
-]
-
-
 @pytest.mark.soak
-@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), soak.cases("replay"))
 def test_chaos_replay_soak(tmp_path, workload, workers, kills, seed):
     judge(tmp_path, workload, workers, kills, seed)
 
