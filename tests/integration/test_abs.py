@@ -9,86 +9,25 @@
   before it, says so, and the output is still exactly-once;
 - `--max-restarts` bounds the recoveries; a source that cannot restart is refused at start.
 
-Expected outputs of keyed_count are computed here from the generator's definition (record i
-is the key str(i % keys)), never taken from a run.
+Expected outputs of keyed_count are computed from the generator's definition (record i is
+the key str(i % keys); tests/support/workloads.py), never taken from a run.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
+from support import soak
+from support.paths import NOSYNC, ROOT
+from support.runs import committed_pairs, finish, judge_chaos, start_run, wait_event
+from support.workloads import big_text, keyed_count_expected, workload_params
 
-from experiments.chaos import Events, chaos
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
-NOSYNC = [sys.executable, "-m", "cli.main"]
-
-
-def keyed_count_expected(records: int, keys: int) -> collections.Counter:
-    """Every (key, n) the running count emits: n = 1..(records of that key), each once."""
-    per_key = collections.Counter(str(i % keys) for i in range(records))
-    return collections.Counter((k, n) for k, total in per_key.items() for n in range(1, total + 1))
-
-
-def committed_pairs(directory: str) -> collections.Counter:
-    import nosync as ns
-
-    return collections.Counter(tuple(r) for r in ns.sinks.Files(directory).read_committed())
-
-
-def big_text(path, lines: int) -> str:
-    words = "the quick brown fox jumps over the lazy dog and then some more words follow".split()
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(lines):
-            f.write(" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 5)) + "\n")
-    return str(path)
-
-
-def workload_params(name: str, tmp_path) -> dict:
-    if name == "wordcount":
-        # long enough for three kills and their recoveries on a fast day (at 150k + 100k
-        # lines a nosync run at W = 2 ended before its third kill)
-        big_text(tmp_path / "a.txt", 300_000)
-        big_text(tmp_path / "b.txt", 200_000)
-        return {"input": str(tmp_path / "*.txt")}
-    if name == "keyed_count":
-        # long enough for three kills at W = 3 (at 3M records a nosync run ended before its third)
-        return {"records": "5000000", "keys": "20000"}
-    return {"bids": "1500000"}
-
-
-def judge_chaos(
-    tmp_path, workload: str, mode: str, workers: int, kills: int, seed: int, params: dict, options: dict | None = None
-) -> list[dict]:
-    """Runs `nosync chaos` on a shipped workload (or a pipeline file, a path ending in .py)
-    and asserts exactly-once with every kill recovered; returns the killed run's events."""
-    r = chaos(
-        workload if workload.endswith(".py") else os.path.join(WORKLOADS, f"{workload}.py"),
-        mode,
-        workers,
-        kills,
-        seed=seed,
-        params=params,
-        out=str(tmp_path / "chaos"),
-        options=options,
-    )
-    assert r["deterministic"], r
-    assert "run_failed" not in r, r["run_failed"]
-    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
-    assert r["recoveries"] == kills, r
-    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
-    assert r["exactly_once"] is True
-    with open(tmp_path / "chaos" / "chaos" / "events.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
-
+from experiments.chaos import Events
 
 # the suite's share; every workload, worker count and kill count is in the soak grid
 CASES = [("wordcount", 2, 1)]
@@ -114,17 +53,8 @@ def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
     assert all(s["last_seq"] == s["disk"] >= 0 for s in info["stores"]), info["stores"]
 
 
-SOAK = [
-    (w, n, k, seed)
-    for w in ("wordcount", "keyed_count", "nexmark")
-    for n in (2, 3)
-    for k in (1, 2, 3)
-    for seed in (1, 2)
-]
-
-
 @pytest.mark.soak
-@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), soak.cases("abs"))
 def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
     # wordcount and keyed_count runs last 3 to 5 s on a fast day: at the default 1 s between
     # checkpoints, three kills that each wait for a checkpoint after the last recovery did not
@@ -134,53 +64,6 @@ def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
 
 
 # -- runs driven by hand -----------------------------------------------------------------
-
-
-def start_run(
-    run_dir, *extra: str, records: int, keys: int, out, mode: str = "abs", env: dict | None = None
-) -> subprocess.Popen:
-    cmd = [
-        *NOSYNC,
-        "run",
-        os.path.join(WORKLOADS, "keyed_count.py"),
-        "--mode",
-        mode,
-        "--workers",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        *extra,
-        "-p",
-        f"records={records}",
-        "-p",
-        f"keys={keys}",
-        "-p",
-        f"output={out}",
-    ]
-    env = {**os.environ, **env} if env else None
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def wait_event(events: Events, proc: subprocess.Popen, pred, timeout: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for e in events.poll():
-            if pred(e):
-                return e
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended while waiting for {what}: {proc.communicate()}")
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return out, err
 
 
 def test_two_kills_close_together(tmp_path):

@@ -25,7 +25,9 @@ import subprocess
 import sys
 
 import pytest
-from test_abs import big_text, committed_pairs, keyed_count_expected
+from support.paths import PIPELINES, ROOT, WORKLOADS
+from support.runs import committed_pairs
+from support.workloads import big_text, keyed_count_expected
 
 import nosync as ns
 from experiments.chaos import committed_outputs
@@ -33,10 +35,6 @@ from nosync.api.loader import load_pipeline
 from nosync.api.plan import plan
 from nosync.errors import PipelineError
 from nosync.spark.batch import keyed_state, run_batch, stages
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
-PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
 
 
 def small_params(name: str, tmp_path) -> dict:

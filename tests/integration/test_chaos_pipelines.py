@@ -24,20 +24,14 @@ import json
 import os
 
 import pytest
-from test_abs import judge_chaos
-
-PIPELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelines")
-
-SOAK = [
-    (p, mode, w)
-    for p in ("chaos_mixed", "chaos_chain", "halving_loop", "python_state")
-    for mode in ("abs", "nosync", "replay")
-    for w in (2, 3)
-]
+from support import soak
+from support.paths import PIPELINES
+from support.runs import judge_chaos
+from support.workloads import write_dead_letters_input
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize(("pipeline", "mode", "workers"), SOAK)
+@pytest.mark.parametrize(("pipeline", "mode", "workers"), soak.pipeline_cases())
 def test_chaos_pipeline_soak(tmp_path, pipeline, mode, workers):
     kills = 1 if mode == "abs" else 2  # an abs run of these lasts a few checkpoints
     options = {"checkpoint_ms": 500} if mode == "abs" else None
@@ -47,32 +41,12 @@ def test_chaos_pipeline_soak(tmp_path, pipeline, mode, workers):
         assert json.load(f)["records_committed"] > 0
 
 
-def write_input(directory, files: int = 4, lines: int = 250_000) -> list[tuple[str, int, str]]:
-    """JSONL files, every 9973rd line from the 17th not JSON; returns (file, byte offset,
-    line) of each malformed line, counted as the files are written."""
-    directory.mkdir()
-    bad = []
-    for fi in range(files):
-        path = directory / f"part{fi}.jsonl"
-        offset = 0
-        with open(path, "w", encoding="utf-8") as f:
-            for i in range(lines):
-                if i % 9973 == 17:
-                    line = f"{{not json {i}"
-                    bad.append((str(path), offset, line))
-                else:
-                    line = json.dumps({"k": f"k{(i * 31 + fi) % 777}", "v": i % 13})
-                f.write(line + "\n")
-                offset += len(line) + 1
-    return bad
-
-
 @pytest.mark.soak
-@pytest.mark.parametrize(("mode", "workers"), [(m, w) for m in ("abs", "nosync", "replay") for w in (2, 3)])
+@pytest.mark.parametrize(("mode", "workers"), soak.mode_cases())
 def test_chaos_dead_letters_soak(tmp_path, mode, workers):
     from experiments.chaos import canonical, dead_letters
 
-    bad = write_input(tmp_path / "in")
+    bad = write_dead_letters_input(tmp_path / "in")
     options = {"checkpoint_ms": 300} if mode == "abs" else None
     path = os.path.join(PIPELINES, "chaos_dead_letters.py")
     judge_chaos(tmp_path, path, mode, workers, 2, workers, {"input": str(tmp_path / "in")}, options)
@@ -82,7 +56,7 @@ def test_chaos_dead_letters_soak(tmp_path, mode, workers):
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize(("mode", "workers"), [(m, w) for m in ("abs", "nosync", "replay") for w in (2, 3)])
+@pytest.mark.parametrize(("mode", "workers"), soak.mode_cases())
 def test_chaos_sparse_inputs_soak(tmp_path, mode, workers):
     """chaos_sparse: idle workers (a one-file CSV), an empty source, a window re-keyed, a
     join; its committed output is also checked against the definitions of its inputs."""

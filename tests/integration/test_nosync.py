@@ -36,20 +36,17 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from test_abs import committed_pairs, finish, judge_chaos, keyed_count_expected, wait_event, workload_params
+from support import soak
+from support.paths import NOSYNC, PIPELINES, ROOT, WORKLOADS
+from support.runs import committed_pairs, finish, judge_chaos, wait_event
+from support.workloads import keyed_count_expected, workload_params
 
 import nosync as ns
 from experiments.chaos import Events, chaos
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
-PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
-NOSYNC = [sys.executable, "-m", "cli.main"]
 
 # the suite's share: one chaos case (keyed_count under kills is judged against its definition
 # by the hand-driven runs below, W = 3 by the second-loss run); every workload, worker count
@@ -67,17 +64,8 @@ def test_chaos_nosync_is_exactly_once(tmp_path, workload, workers, kills):
     assert len([e for e in events if e["event"] == "recovered"]) == kills
 
 
-SOAK = [
-    (w, n, k, seed)
-    for w in ("wordcount", "keyed_count", "nexmark")
-    for n in (2, 3)
-    for k in (1, 2, 3)
-    for seed in (1, 2)
-]
-
-
 @pytest.mark.soak
-@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), soak.cases("nosync"))
 def test_chaos_nosync_soak(tmp_path, workload, workers, kills, seed):
     judge_chaos(tmp_path, workload, "nosync", workers, kills, seed, workload_params(workload, tmp_path))
 

@@ -17,13 +17,13 @@ import subprocess
 import sys
 
 import pytest
-from test_abs import judge_chaos, workload_params
+from support import soak
+from support.paths import ROOT, WORKLOADS
+from support.runs import judge_chaos
+from support.workloads import workload_params
 
 import nosync as ns
 from nosync.errors import NosyncError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
 
 
 def judge(tmp_path, workload: str, workers: int, kills: int, seed: int, params: dict | None = None) -> None:
@@ -45,13 +45,8 @@ def test_chaos_replay_is_exactly_once(tmp_path):
     judge(tmp_path, "keyed_count", 2, 1, seed=3, params={"records": "1200000", "keys": "20000"})
 
 
-SOAK = [
-    (w, n, k, seed) for w in ("wordcount", "keyed_count", "nexmark") for n in (2, 3) for k in (1, 2) for seed in (1, 2)
-]
-
-
 @pytest.mark.soak
-@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), SOAK)
+@pytest.mark.parametrize(("workload", "workers", "kills", "seed"), soak.cases("replay"))
 def test_chaos_replay_soak(tmp_path, workload, workers, kills, seed):
     judge(tmp_path, workload, workers, kills, seed)
 

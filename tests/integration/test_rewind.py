@@ -43,7 +43,8 @@ import threading
 import time
 
 import pytest
-from test_abs import committed_pairs
+from support.paths import PIPELINES, ROOT, WORKLOADS
+from support.runs import committed_pairs
 
 import nosync as ns
 from nosync.api.loader import load_pipeline
@@ -54,9 +55,6 @@ from nosync.tools.diff import diff_outputs
 from nosync.tools.rewind import check_compatible, choose_start, rewind
 from nosync.tools.runinfo import inspect_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
-PIPELINES = os.path.join(ROOT, "tests", "integration", "pipelines")
 RECORDS, KEYS, PER_EPOCH, E = 200_000, 2_000, 5_000, 10
 ABS_RECORDS = 1_000_000
 """The abs run is longer, so that several of its 50 ms checkpoints fall inside its input."""

@@ -17,23 +17,14 @@ import sys
 import threading
 
 import pytest
-from test_abs import (
-    ROOT,
-    WORKLOADS,
-    committed_pairs,
-    finish,
-    judge_chaos,
-    keyed_count_expected,
-    start_run,
-    wait_event,
-)
+from support.paths import PIPELINES, ROOT, WORKLOADS
+from support.runs import committed_pairs, finish, judge_chaos, start_run, wait_event
+from support.workloads import keyed_count_expected, write_dead_letters_input
 
 from experiments.chaos import Events
 from nosync.api.loader import load_pipeline
 from nosync.api.plan import plan
 from nosync.modes.nosync.span import eligible
-
-PIPELINES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipelines")
 
 
 def reason_of(path: str, **params: str) -> str | None:
@@ -129,14 +120,12 @@ def test_chaos_span_soak(tmp_path, workload, workers, kills, seed):
 
         .venv/bin/python -m pytest -m soak tests/integration/test_span_replay.py
     """
-    from test_chaos_pipelines import write_input
-
     if workload == "keyed_count":
         path, params = "keyed_count", {"records": "6000000"}
     elif workload == "python_state":
         path, params = os.path.join(PIPELINES, "python_state.py"), {"records": "1500000"}
     else:
-        write_input(tmp_path / "in", lines=800_000)
+        write_dead_letters_input(tmp_path / "in", lines=800_000)
         path, params = os.path.join(PIPELINES, "chaos_dead_letters.py"), {"input": str(tmp_path / "in")}
     judge_chaos(tmp_path, path, "nosync", workers, kills, seed, params, SPAN)
     summary = json.loads((tmp_path / "chaos" / "chaos" / "summary.json").read_text())

@@ -17,7 +17,9 @@ import os
 import signal
 
 import pytest
-from test_abs import committed_pairs, finish, keyed_count_expected, start_run, wait_event
+from support import soak
+from support.runs import committed_pairs, finish, start_run, wait_event
+from support.workloads import keyed_count_expected
 
 from experiments.chaos import Events
 
@@ -25,7 +27,7 @@ RECORDS, KEYS = 1_000_000, 100_000
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("mode", ["abs", "nosync", "replay"])
+@pytest.mark.parametrize("mode", soak.MODES)
 def test_a_kill_before_anything_is_saved_and_one_during_its_recovery(tmp_path, mode):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     proc = start_run(run_dir, records=RECORDS, keys=KEYS, out=out, mode=mode)

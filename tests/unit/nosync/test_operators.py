@@ -1,8 +1,9 @@
 """Runtime operators driven directly: batches and markers in, batches and markers out.
 
 Operators come from nodes of real pipelines (`make_op`, or the classes the worker builds itself
-for join and iterate, wired as nosync/runtime/worker.py's `_build` wires them). A `Collector` stands in
-for the downstream operator. Expected outputs come from plain-Python models.
+for join and iterate, wired as nosync/runtime/worker.py's `_build` wires them). A `Collector`
+(tests/support/operators.py) stands in for the downstream operator. Expected outputs come from
+plain-Python models.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.operators import Collector, source, wire
 
 import nosync as ns
 from nosync.api.plan import plan
@@ -31,36 +33,6 @@ THIS_FILE = __file__
 def next_line() -> int:
     """The line number just after the caller's line."""
     return inspect.currentframe().f_back.f_lineno + 1
-
-
-class Collector:
-    """A downstream operator that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[list, int]] = []
-        self.markers: list[tuple[int, object, bool]] = []
-
-    def push(self, records: list, epoch: int, channel: object) -> None:
-        self.batches.append((list(records), epoch))
-
-    def marker(self, channel: object, epoch: int, wm: object, eos: bool) -> None:
-        self.markers.append((epoch, wm, eos))
-
-    @property
-    def records(self) -> list:
-        return [r for recs, _ in self.batches for r in recs]
-
-
-def source(p: ns.Pipeline, name: str | None = None) -> ns.Stream:
-    return p.source(ns.sources.Generator(records=0), name=name)
-
-
-def wire(op, inputs=("in",)) -> Collector:
-    out = Collector()
-    op.connect(out.push, out.marker, "out")
-    for ch in inputs:
-        op.add_input(ch)
-    return out
 
 
 def run_op(stream: ns.Stream, inputs=("in",)):

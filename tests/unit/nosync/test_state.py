@@ -25,6 +25,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.operators import source, wire
 
 import lsm
 import nosync as ns
@@ -38,32 +39,6 @@ from nosync.runtime.operators import EOS
 from nosync.state import checkpoints
 
 SETTINGS = settings(max_examples=60, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
-
-
-class Collector:
-    """A downstream operator that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[list, int]] = []
-        self.markers: list[tuple[int, object, bool]] = []
-
-    def push(self, records: list, epoch: int, channel: object) -> None:
-        self.batches.append((list(records), epoch))
-
-    def marker(self, channel: object, epoch: int, wm: object, eos: bool) -> None:
-        self.markers.append((epoch, wm, eos))
-
-
-def source(p: ns.Pipeline, name: str | None = None) -> ns.Stream:
-    return p.source(ns.sources.Generator(records=0), name=name)
-
-
-def wire(op, inputs) -> Collector:
-    out = Collector()
-    op.connect(out.push, out.marker, "out")
-    for ch in inputs:
-        op.add_input(ch)
-    return out
 
 
 def same_shape(a: object, b: object) -> bool:

@@ -1,0 +1,97 @@
+"""Running nosync as the user does, and judging what a run did: `nosync chaos` asserted
+exactly-once, runs of keyed_count started and waited on by hand, a sink's committed output."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import time
+
+from experiments.chaos import Events, chaos
+from support.paths import NOSYNC, ROOT, WORKLOADS
+
+
+def judge_chaos(
+    tmp_path, workload: str, mode: str, workers: int, kills: int, seed: int, params: dict, options: dict | None = None
+) -> list[dict]:
+    """Runs `nosync chaos` on a shipped workload (or a pipeline file, a path ending in .py)
+    and asserts exactly-once with every kill recovered; returns the killed run's events."""
+    r = chaos(
+        workload if workload.endswith(".py") else os.path.join(WORKLOADS, f"{workload}.py"),
+        mode,
+        workers,
+        kills,
+        seed=seed,
+        params=params,
+        out=str(tmp_path / "chaos"),
+        options=options,
+    )
+    assert r["deterministic"], r
+    assert "run_failed" not in r, r["run_failed"]
+    assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
+    assert r["recoveries"] == kills, r
+    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
+    assert r["exactly_once"] is True
+    with open(tmp_path / "chaos" / "chaos" / "events.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def committed_pairs(directory: str) -> collections.Counter:
+    """The records a Files sink committed in `directory`, as tuples, with their counts."""
+    import nosync as ns
+
+    return collections.Counter(tuple(r) for r in ns.sinks.Files(directory).read_committed())
+
+
+def start_run(
+    run_dir, *extra: str, records: int, keys: int, out, mode: str = "abs", env: dict | None = None
+) -> subprocess.Popen:
+    """`nosync run` of keyed_count at W = 2 in a subprocess, with `extra` options."""
+    cmd = [
+        *NOSYNC,
+        "run",
+        os.path.join(WORKLOADS, "keyed_count.py"),
+        "--mode",
+        mode,
+        "--workers",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        *extra,
+        "-p",
+        f"records={records}",
+        "-p",
+        f"keys={keys}",
+        "-p",
+        f"output={out}",
+    ]
+    env = {**os.environ, **env} if env else None
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_event(events: Events, proc: subprocess.Popen, pred, timeout: float, what: str) -> dict:
+    """The first event of the run for which `pred` holds; fails if the run ends first or
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in events.poll():
+            if pred(e):
+                return e
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended while waiting for {what}: {proc.communicate()}")
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
+    """The run's stdout and stderr once it ends; after `timeout` seconds it is killed and
+    subprocess.TimeoutExpired raised."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out, err
