@@ -10,6 +10,7 @@ import tempfile
 import click
 
 from cli.common import master_option
+from nosync.modes import MODES
 
 
 @click.group()
@@ -79,7 +80,7 @@ def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, wor
 
 
 @bench.command("throughput")
-@click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), default="none", show_default=True)
+@click.option("--mode", type=click.Choice(MODES), default="none", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
@@ -109,9 +110,9 @@ def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, 
 
 def _modes(value: str) -> list[str]:
     modes = [m.strip() for m in value.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("none", "abs", "nosync", "replay")]
+    bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        raise click.BadParameter(f"modes are none, abs, nosync, replay (comma-separated), got {value!r}")
+        raise click.BadParameter(f"modes are {', '.join(MODES)} (comma-separated), got {value!r}")
     return modes
 
 

@@ -9,13 +9,14 @@ import tempfile
 import click
 
 from cli.common import master_option, parse_params
+from nosync.modes import MODES
 
 
 @click.command("chaos")
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "--mode",
-    type=click.Choice(["none", "abs", "nosync", "replay"]),
+    type=click.Choice(MODES),
     required=True,
     help="The mode to judge (none is refused: it does not recover).",
 )

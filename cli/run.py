@@ -4,159 +4,53 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-from cli.common import master_option, move_log, parse_params, spark_log, staged_log, verbose_option
+from cli.common import move_log, parse_params, spark_log, staged_log, verbose_option
+from nosync.driver.runner import run
+from nosync.errors import NosyncError, PipelineError, RunFailed
+from nosync.modes import MODES
+from nosync.options import RunOptions, cli_fields, default_of, flag
+
+
+def run_options(fn: Callable) -> Callable:
+    """The flags of every run option (`nosync.options.RunOptions`), made from its fields."""
+    for f in reversed(cli_fields()):
+        decls = [flag(f.name)] + ([f.metadata["short"]] if "short" in f.metadata else [])
+        default = default_of(f)
+        if f.name == "mode":
+            kind: Any = click.Choice(MODES)
+        elif "choices" in f.metadata:
+            kind = click.Choice(f.metadata["choices"])
+        elif f.type in ("bool",):
+            fn = click.option(flag(f.name), is_flag=True, help=f.metadata["help"])(fn)
+            continue
+        elif "min" in f.metadata:
+            kind = click.IntRange(min=f.metadata["min"])
+        elif f.type in ("float",):
+            kind = float
+        else:
+            kind = str
+        fn = click.option(
+            *decls, type=kind, default=default, show_default=default is not None, help=f.metadata["help"]
+        )(fn)
+    return fn
 
 
 @click.command("run")
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--mode", type=click.Choice(["none", "abs", "nosync", "replay"]), default="none", show_default=True)
-@click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True)
-@master_option("embedded local[W,F]; 2W slots in mode replay")
-@click.option(
-    "--run-dir", type=click.Path(file_okay=False), default=None, help="Where metrics go (default: runs/NAME-TIME)."
-)
-@click.option(
-    "--epoch-records",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Cut epochs every N records per source partition (default 10000).",
-)
-@click.option("--epoch-ms", type=click.IntRange(min=1), default=None, help="Cut epochs every MS milliseconds instead.")
-@click.option(
-    "--batch-size", type=click.IntRange(min=1), default=1024, show_default=True, help="Records a source reads per step."
-)
-@click.option(
-    "--linger-ms",
-    type=click.IntRange(min=0),
-    default=5,
-    show_default=True,
-    help="How long an exchange buffer waits to fill before it is sent.",
-)
-@click.option(
-    "--on-bad-record",
-    type=click.Choice(["deadletter", "fail"]),
-    default="deadletter",
-    show_default=True,
-    help="A record a source cannot parse: to the run's dead-letter file, or fail the run.",
-)
-@click.option(
-    "--checkpoint-ms", type=click.IntRange(min=1), default=1000, show_default=True, help="abs: checkpoint interval."
-)
-@click.option(
-    "--checkpoint-tier",
-    type=click.Choice(["disk", "remote"]),
-    default="disk",
-    show_default=True,
-    help="abs, nosync: where a snapshot must be durable before it counts.",
-)
-@click.option(
-    "--max-concurrent-checkpoints",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="abs: checkpoints in flight at once.",
-)
-@click.option(
-    "--checkpoint-timeout-ms",
-    type=click.IntRange(min=1),
-    default=60_000,
-    show_default=True,
-    help="abs: a checkpoint not complete by then is aborted.",
-)
-@click.option(
-    "--max-restarts",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Recoveries a run survives before it fails (default: unlimited).",
-)
-@click.option(
-    "--persist-ms",
-    type=click.IntRange(min=1),
-    default=200,
-    show_default=True,
-    help="nosync: how often each worker snapshots its state at most (alone, no barrier); the budget stretches it.",
-)
-@click.option(
-    "--persist-budget",
-    type=float,
-    default=0.05,
-    show_default=True,
-    help="nosync: the share of a worker's time its persistence may take, in (0, 1]; past it, snapshots come "
-    "less often.",
-)
-@click.option(
-    "--max-unpersisted-mb",
-    type=click.IntRange(min=1),
-    default=256,
-    show_default=True,
-    help="nosync: bytes appended and not yet durable (snapshots, lineage points) above which sources wait.",
-)
-@click.option(
-    "--max-concurrent-snapshots",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="nosync: snapshots being persisted at once (not yet durable); the next waits for one to be done.",
-)
-@click.option(
-    "--replay-threshold-records",
-    type=click.IntRange(min=1),
-    default=None,
-    help="nosync: a recovery whose span to re-execute holds more records hands it to a Spark batch job, "
-    "parallel over keys (default: never).",
-)
-@click.option(
-    "--max-output-log-mb",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="nosync: output-log MB held in memory; past it, the oldest frames go to a local spill file.",
-)
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Continue the run in --run-dir (abs: its last completed checkpoint; nosync: every worker's last snapshot).",
-)
+@run_options
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")
 @verbose_option()
-def run_cmd(
-    pipeline_file,
-    mode,
-    workers,
-    master,
-    run_dir,
-    epoch_records,
-    epoch_ms,
-    batch_size,
-    linger_ms,
-    on_bad_record,
-    checkpoint_ms,
-    checkpoint_tier,
-    max_concurrent_checkpoints,
-    checkpoint_timeout_ms,
-    max_restarts,
-    persist_ms,
-    persist_budget,
-    max_unpersisted_mb,
-    max_output_log_mb,
-    max_concurrent_snapshots,
-    replay_threshold_records,
-    resume,
-    params,
-    verbose,
-) -> None:
+def run_cmd(pipeline_file: str, params: tuple[str, ...], verbose: bool, **given: Any) -> None:
     """Run PIPELINE_FILE (a Python file defining `pipeline` or `build(args)`)."""
-    from nosync.driver.runner import run
-    from nosync.errors import NosyncError, PipelineError, RunFailed
-
-    if epoch_records and epoch_ms:
-        raise click.UsageError("give --epoch-records or --epoch-ms, not both")
-    if resume and not run_dir:
-        raise click.UsageError("--resume needs --run-dir: the run directory to continue")
-    args = parse_params(params)
+    try:
+        options = RunOptions(**given, params=parse_params(params))
+    except NosyncError as e:
+        raise click.UsageError(str(e)) from None
     tty = sys.stdout.isatty()
     last = [0.0, 0, 0]
 
@@ -177,32 +71,7 @@ def run_cmd(
     staged = staged_log()
     try:
         with spark_log(verbose, staged):
-            result = run(
-                pipeline_file,
-                mode=mode,
-                workers=workers,
-                master=master,
-                run_dir=run_dir,
-                epoch_records=epoch_records,
-                epoch_ms=epoch_ms,
-                params=args,
-                batch_size=batch_size,
-                linger_ms=linger_ms,
-                on_bad_record=on_bad_record,
-                progress=progress,
-                checkpoint_ms=checkpoint_ms,
-                checkpoint_tier=checkpoint_tier,
-                max_concurrent_checkpoints=max_concurrent_checkpoints,
-                checkpoint_timeout_ms=checkpoint_timeout_ms,
-                max_restarts=max_restarts,
-                resume=resume,
-                persist_ms=persist_ms,
-                persist_budget=persist_budget,
-                max_unpersisted_mb=max_unpersisted_mb,
-                max_output_log_mb=max_output_log_mb,
-                max_concurrent_snapshots=max_concurrent_snapshots,
-                replay_threshold_records=replay_threshold_records,
-            )
+            result = run(pipeline_file, options, progress=progress)
     except PipelineError as e:
         if tty:
             click.echo()
@@ -212,7 +81,7 @@ def run_cmd(
             click.echo()
         click.echo(f"error: run failed: {e}", err=True)
         if not verbose:
-            click.echo(f"Spark's own output: {move_log(staged, run_dir)}", err=True)
+            click.echo(f"Spark's own output: {move_log(staged, options.run_dir)}", err=True)
         sys.exit(1)
     except NosyncError as e:
         if tty:

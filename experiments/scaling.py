@@ -8,15 +8,12 @@ from typing import Any
 from experiments.common import MODE_COLORS, agg, fmt, mean_sd, pyplot, save
 from experiments.harness import Experiment
 from experiments.measure import steady
+from nosync.modes import MODES
 
 
 def points(quick: bool) -> list[dict]:
     records, keys = (600_000, 20_000) if quick else (3_000_000, 100_000)
-    return [
-        {"mode": m, "workers": w, "records": records, "keys": keys}
-        for w in (1, 2, 4)
-        for m in ("none", "abs", "nosync", "replay")
-    ]
+    return [{"mode": m, "workers": w, "records": records, "keys": keys} for w in (1, 2, 4) for m in MODES]
 
 
 def measure(spark: Any, d: str, p: dict, seed: int) -> dict:
@@ -25,7 +22,7 @@ def measure(spark: Any, d: str, p: dict, seed: int) -> dict:
 
 def figure(rows: list[dict], path: str) -> None:
     plt = pyplot()
-    modes = [m for m in ("none", "abs", "nosync", "replay") if any(r["mode"] == m for r in rows)]
+    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     ws = sorted({r["workers"] for r in rows})
     st = agg(rows, ("mode", "workers"), "records_per_s")
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -54,7 +51,7 @@ def figure(rows: list[dict], path: str) -> None:
 def reading(rows: list[dict]) -> list[str]:
     st = agg(rows, ("mode", "workers"), "records_per_s")
     out = []
-    for m in ("none", "abs", "nosync", "replay"):
+    for m in MODES:
         ws = sorted(k[1] for k in st if k[0] == m)
         if len(ws) > 1:
             parts = [f"W = {w}: {fmt(st[(m, w)][0])} records/s" for w in ws]

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
@@ -33,6 +33,7 @@ from nosync.driver.coordinator import Coordinator
 from nosync.driver.task import worker_main
 from nosync.errors import NosyncError, RunFailed
 from nosync.modes import get_mode
+from nosync.options import RunOptions
 from nosync.spark.session import check_slots, get_spark
 from nosync.state import checkpoints
 
@@ -50,61 +51,23 @@ class RunResult:
 
 def run(
     pipeline_file: str,
-    mode: str = "none",
-    workers: int = 2,
-    master: str | None = None,
-    run_dir: str | None = None,
-    epoch_records: int | None = None,
-    epoch_ms: int | None = None,
-    params: dict | None = None,
-    batch_size: int = 1024,
-    linger_ms: int = 5,
-    on_bad_record: str = "deadletter",
+    options: RunOptions | None = None,
+    *,
     progress: Callable[[dict], None] | None = None,
     spark: Any = None,
-    timeout_s: float | None = None,
-    checkpoint_ms: int = 1000,
-    checkpoint_tier: str = "disk",
-    max_concurrent_checkpoints: int = 1,
-    checkpoint_timeout_ms: int = 60_000,
-    max_restarts: int | None = None,
-    resume: bool = False,
-    persist_ms: int = 200,
-    max_unpersisted_mb: int = 256,
-    max_output_log_mb: int = 64,
-    max_concurrent_snapshots: int = 1,
-    persist_budget: float = 0.05,
-    replay_threshold_records: int | None = None,
-    slow_worker: tuple[int, int] | None = None,
+    **changes: Any,
 ) -> RunResult:
-    """Runs the pipeline of `pipeline_file` in mode `mode` on `workers` Spark tasks until it
-    finishes, and writes its metrics; raises RunFailed if it fails."""
-    if workers < 1:
-        raise NosyncError(f"--workers must be at least 1, got {workers}")
-    if epoch_records is not None and epoch_ms is not None:
-        raise NosyncError("give --epoch-records or --epoch-ms, not both")
-    if checkpoint_tier not in ("disk", "remote"):
-        raise NosyncError(f"--checkpoint-tier is disk or remote, not {checkpoint_tier!r}")
-    if resume and not run_dir:
-        raise NosyncError("--resume names the run directory to continue")
-    if not 0 < persist_budget <= 1:
-        raise NosyncError(
-            f"--persist-budget is the share of a worker's time its persistence may take, in (0, 1], "
-            f"not {persist_budget}"
-        )
-    if replay_threshold_records is not None:
-        if mode != "nosync":
-            raise NosyncError(
-                f"--replay-threshold-records is for mode nosync (a recovery's span re-executed by a Spark "
-                f"batch job), not mode {mode}"
-            )
-        if replay_threshold_records < 1:
-            raise NosyncError(f"--replay-threshold-records must be at least 1, got {replay_threshold_records}")
-    if mode == "replay" and epoch_ms is not None:
-        raise NosyncError(
-            "mode replay recomputes lost state epoch by epoch from the sources: cut epochs by records "
-            "(--epoch-records), not by time (--epoch-ms)"
-        )
+    """Runs the pipeline of `pipeline_file` with `options` (default: `RunOptions()`), changed
+    by `changes` (option names as keywords), on `options.workers` Spark tasks until it
+    finishes, and writes its metrics; raises RunFailed if it fails. `progress` gets the run's
+    progress every SAMPLE_S; `spark`: a session to run on instead of one for the options."""
+    opts = options or RunOptions()
+    if changes:
+        unknown = sorted(set(changes) - {f.name for f in fields(RunOptions)})
+        if unknown:
+            raise NosyncError(f"unknown run option '{unknown[0]}'")
+        opts = opts.but(**changes)
+    mode, workers, run_dir, params = opts.mode, opts.workers, opts.run_dir, opts.params
     pipeline_file = os.path.abspath(pipeline_file)
     pipeline = load_pipeline(pipeline_file, params)
     plan(pipeline, workers)
@@ -113,27 +76,12 @@ def run(
         run_dir or os.path.join("runs", f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}")
     )
     _check_run_dir(
-        run_dir, {"pipeline": pipeline.name, "mode": mode, "workers": workers, "batch_size": batch_size}, resume
+        run_dir,
+        {"pipeline": pipeline.name, "mode": mode, "workers": workers, "batch_size": opts.batch_size},
+        opts.resume,
     )
-    driver_mode = get_mode(
-        mode,
-        {
-            "checkpoint_ms": checkpoint_ms,
-            "checkpoint_tier": checkpoint_tier,
-            "max_concurrent_checkpoints": max_concurrent_checkpoints,
-            "checkpoint_timeout_ms": checkpoint_timeout_ms,
-            "run_dir": run_dir,
-            "pipeline": pipeline.name,
-            "resume": resume,
-            "persist_ms": persist_ms,
-            "persist_tier": checkpoint_tier,
-            "max_unpersisted_mb": max_unpersisted_mb,
-            "max_output_log_mb": max_output_log_mb,
-            "max_concurrent_snapshots": max_concurrent_snapshots,
-            "persist_budget": persist_budget,
-            "replay_threshold_records": replay_threshold_records,
-        },
-    )
+    opts = opts.but(run_dir=run_dir)
+    driver_mode = get_mode(mode, opts, pipeline.name)
     if driver_mode.requires_replayable_sources:
         require_replayable(pipeline, f"mode {mode}", "only mode nosync logs its input to make it replayable")
     os.makedirs(run_dir, exist_ok=True)
@@ -145,11 +93,11 @@ def run(
             "params": dict(params or {}),
             "mode": mode,
             "workers": workers,
-            "batch_size": batch_size,
-            "epoch_records": epoch_records,
-            "epoch_ms": epoch_ms,
+            "batch_size": opts.batch_size,
+            "epoch_records": opts.epoch_records,
+            "epoch_ms": opts.epoch_ms,
             "run_id": run_id,
-            "resumed": resume,
+            "resumed": opts.resume,
         },
     )
 
@@ -159,30 +107,30 @@ def run(
     why = ""
     if mode == "replay":
         why = f"mode replay: {workers} streaming tasks and {workers} for batch recomputation"
-    elif replay_threshold_records is not None:
+    elif opts.replay_threshold_records is not None:
         why = f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
     slots = 2 * workers if why else workers
-    spark = spark or get_spark(master, slots)
+    spark = spark or get_spark(opts.master, slots)
     check_slots(spark, slots, why)
     startup_s = time.time() - t0
     secret = secrets.token_bytes(32)
-    coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=max_restarts)
+    coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=opts.max_restarts)
     spec = {
         "run_id": run_id,
         "pipeline_file": pipeline_file,
         "params": dict(params or {}),
         "mode": mode,
-        "mode_options": driver_mode.worker_options(),
+        "options": opts.to_wire(),
         "workers": workers,
         "coordinator": list(coord.address),
         "secret": secret,
-        "epoch_records": epoch_records,
-        "epoch_ms": epoch_ms,
-        "batch_size": batch_size,
-        "linger_ms": linger_ms,
+        "epoch_records": opts.epoch_records,
+        "epoch_ms": opts.epoch_ms,
+        "batch_size": opts.batch_size,
+        "linger_ms": opts.linger_ms,
         "run_dir": run_dir,
-        "on_bad_record": on_bad_record,
-        "slow_worker": list(slow_worker) if slow_worker else None,
+        "on_bad_record": opts.on_bad_record,
+        "slow_worker": list(opts.slow_worker) if opts.slow_worker else None,
     }
     driver_mode.attach(spark, spec)
     job_error: list[BaseException] = []
@@ -215,8 +163,8 @@ def run(
                 progress(p)
             if job_error and not coord.finished:
                 coord.fail(f"the Spark job failed: {_first_line(job_error[0])}")
-            if timeout_s is not None and time.time() - launched > timeout_s:
-                coord.fail(f"timed out after {timeout_s}s")
+            if opts.timeout_s is not None and time.time() - launched > opts.timeout_s:
+                coord.fail(f"timed out after {opts.timeout_s}s")
         if coord.failure is not None:
             sc.cancelJobGroup(run_id)
             thread.join(timeout=5)

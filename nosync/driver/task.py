@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from nosync.modes import worker_hooks
+from nosync.options import RunOptions
 from nosync.runtime.worker import Worker
 
 
@@ -17,5 +18,5 @@ def worker_main(spec: dict, index: int, _iterator: Any) -> list:
     ctx = TaskContext.get()
     attempt = ctx.attemptNumber() if ctx is not None else 0
     logging.basicConfig(level=logging.WARNING)
-    hooks = worker_hooks(spec["mode"], spec.get("mode_options") or {})
+    hooks = worker_hooks(spec["mode"], RunOptions.from_wire(spec["options"]))
     return [Worker(index, attempt, spec, hooks).run()]

@@ -32,6 +32,7 @@ from nosync.modes.base import Mode
 from nosync.modes.none import NoneMode
 from nosync.modes.nosync import NosyncMode
 from nosync.modes.replay import ReplayMode
+from nosync.options import RunOptions
 from nosync.runtime.hooks import WorkerHooks
 
 REGISTRY: dict[str, type[Mode]] = {m.name: m for m in (NoneMode, AbsMode, NosyncMode, ReplayMode)}
@@ -48,11 +49,11 @@ def mode_class(name: str) -> type[Mode]:
         raise NosyncError(f"unknown mode '{name}'; modes: {', '.join(MODES)}") from None
 
 
-def get_mode(name: str, options: dict | None = None) -> Mode:
-    """The driver half of mode `name`."""
-    return mode_class(name)(options)
+def get_mode(name: str, options: RunOptions | None = None, pipeline: str = "") -> Mode:
+    """The driver half of mode `name`, for a run of pipeline `pipeline` with `options`."""
+    return mode_class(name)(options, pipeline)
 
 
-def worker_hooks(name: str, options: dict | None = None) -> WorkerHooks:
-    """The worker half of mode `name`, with the options its driver half passed on."""
+def worker_hooks(name: str, options: RunOptions | None = None) -> WorkerHooks:
+    """The worker half of mode `name`, with the run's options."""
     return mode_class(name).hooks_class(options)

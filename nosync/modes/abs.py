@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from lsm import ValueEncodingError
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
+from nosync.options import RunOptions
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import JoinOp
 from nosync.runtime.operators import EOS, SinkOp
@@ -79,9 +81,9 @@ class AbsHooks(WorkerHooks):
     tracks_dirty = True
     recovers = True
 
-    def __init__(self, options: dict | None = None) -> None:
+    def __init__(self, options: RunOptions | Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
-        self.tier = self.options.get("checkpoint_tier", "disk")
+        self.tier = self.options.checkpoint_tier
         self.stores: dict[str, Any] = {}
         self.pending: dict[int, dict] = {}
         self.aborted: set[int] = set()
@@ -287,15 +289,14 @@ class AbsMode(Mode):
     hooks_class = AbsHooks
     requires_replayable_sources = True
 
-    def __init__(self, options: dict | None = None) -> None:
-        super().__init__(options)
+    def __init__(self, options: RunOptions | None = None, pipeline: str = "") -> None:
+        super().__init__(options, pipeline)
         o = self.options
-        self.interval_s = o.get("checkpoint_ms", 1000) / 1000
-        self.timeout_s = o.get("checkpoint_timeout_ms", 60_000) / 1000
-        self.max_concurrent = o.get("max_concurrent_checkpoints", 1)
-        self.run_dir = o.get("run_dir")
-        self.pipeline = o.get("pipeline")
-        self.resume = bool(o.get("resume"))
+        self.interval_s = o.checkpoint_ms / 1000
+        self.timeout_s = o.checkpoint_timeout_ms / 1000
+        self.max_concurrent = o.max_concurrent_checkpoints
+        self.run_dir = o.run_dir
+        self.resume = o.resume
         ids = checkpoints.completed(self.run_dir) if self.run_dir else []
         self.next_id = (ids[-1] + 1) if ids else 1
         self.pending: dict[int, dict] = {}
@@ -308,10 +309,6 @@ class AbsMode(Mode):
         self.recoveries: list[dict] = []
         self.fallbacks: list[str] = []
         self._idle_at: float | None = None
-
-    def worker_options(self) -> dict:
-        """The checkpoint tier (disk by default): all the worker half needs."""
-        return {"checkpoint_tier": self.options.get("checkpoint_tier", "disk")}
 
     # -- checkpoints -------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nosync.options import RunOptions
 from nosync.runtime.hooks import WorkerHooks
 
 
@@ -15,12 +16,10 @@ class Mode:
     requires_replayable_sources = False
     """Sources must be able to restart from a position (every source but TcpLines)."""
 
-    def __init__(self, options: dict | None = None) -> None:
-        self.options = dict(options or {})
-
-    def worker_options(self) -> dict:
-        """What the worker half needs of this mode's options (msgpack-able)."""
-        return dict(self.options)
+    def __init__(self, options: RunOptions | None = None, pipeline: str = "") -> None:
+        self.options = options or RunOptions()
+        self.pipeline = pipeline
+        """The name of the pipeline the run runs."""
 
     def on_worker_lost(self, coordinator: Any, worker: int, attempt: int, reason: str) -> None:
         """A worker's control connection dropped or its heartbeats stopped."""

@@ -35,10 +35,12 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
+from nosync.options import RunOptions
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.operators import SinkOp
@@ -65,7 +67,7 @@ class ReplayHooks(WorkerHooks):
     aligns_epochs = True
     recovers = True
 
-    def __init__(self, options: dict | None = None) -> None:
+    def __init__(self, options: RunOptions | Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.reported = -1
         self.restored_epoch: int | None = None
@@ -143,10 +145,10 @@ class ReplayMode(Mode):
     hooks_class = ReplayHooks
     requires_replayable_sources = True
 
-    def __init__(self, options: dict | None = None) -> None:
-        super().__init__(options)
-        self.run_dir = self.options.get("run_dir") or "."
-        self.resume = bool(self.options.get("resume"))
+    def __init__(self, options: RunOptions | None = None, pipeline: str = "") -> None:
+        super().__init__(options, pipeline)
+        self.run_dir = self.options.run_dir or "."
+        self.resume = self.options.resume
         self.committed: dict[int, int] = {}
         self.recoveries: list[dict] = []
         self.spark: Any = None

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from nosync.options import RunOptions
 from nosync.runtime import frames
 
 
@@ -22,8 +24,8 @@ class WorkerHooks:
     """Whether a running worker accepts connections from a peer that came back (the peer
     recovers alone; the others never leave their generation)."""
 
-    def __init__(self, options: dict | None = None) -> None:
-        self.options = dict(options or {})
+    def __init__(self, options: RunOptions | Mapping[str, Any] | None = None) -> None:
+        self.options = options if isinstance(options, RunOptions) else RunOptions.from_wire(options)
 
     # -- the data path (a mode that numbers and logs frames and steps overrides these) ----
 

@@ -21,6 +21,7 @@ from lineage import safe_point
 from nosync.modes.base import Mode
 from nosync.modes.nosync.hooks import NosyncHooks
 from nosync.modes.nosync.span import run_span
+from nosync.options import RunOptions
 from nosync.spark.batch import warm_up_soon
 
 log = logging.getLogger("nosync.nosync")
@@ -38,9 +39,9 @@ class NosyncMode(Mode):
     hooks_class = NosyncHooks
     requires_replayable_sources = False  # the input log makes the others replayable
 
-    def __init__(self, options: dict | None = None) -> None:
-        super().__init__(options)
-        self.resume = bool(self.options.get("resume"))
+    def __init__(self, options: RunOptions | None = None, pipeline: str = "") -> None:
+        super().__init__(options, pipeline)
+        self.resume = self.options.resume
         self.points: dict[int, dict] = {}
         self.changed = False
         self.safe = -1
@@ -48,7 +49,7 @@ class NosyncMode(Mode):
         self.recovering: dict[int, dict] = {}
         self.recoveries: list[dict] = []
         self.last_broadcast = 0.0
-        self.threshold = self.options.get("replay_threshold_records")
+        self.threshold = self.options.replay_threshold_records
         self.spark: Any = None
         self.spec: dict = {}
         self.span_results: list[tuple[int, int, dict]] = []
@@ -69,20 +70,6 @@ class NosyncMode(Mode):
             log.warning("the span job of worker %s failed", worker, exc_info=True)
             result = {"error": f"{type(e).__name__}: {e}"[:2000], "dir": msg["dir"]}
         self.span_results.append((worker, gen, result))
-
-    def worker_options(self) -> dict:
-        """The persistence options the worker half uses, with their defaults: tier, interval,
-        budget, memory bounds, replay threshold."""
-        o = self.options
-        return {
-            "persist_tier": o.get("persist_tier") or o.get("checkpoint_tier") or "disk",
-            "persist_ms": o.get("persist_ms") or 1000,
-            "persist_budget": o.get("persist_budget") or 0.05,
-            "max_unpersisted_mb": o.get("max_unpersisted_mb") or 256,
-            "max_output_log_mb": o.get("max_output_log_mb") or 64,
-            "max_concurrent_snapshots": o.get("max_concurrent_snapshots") or 1,
-            "replay_threshold_records": o.get("replay_threshold_records"),
-        }
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
         """Takes a worker's mode messages: a span job to run, a request to cover a recovering peer,

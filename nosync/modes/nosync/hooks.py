@@ -48,6 +48,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import xxhash
@@ -57,6 +58,7 @@ from nosync.errors import RunFailed
 from nosync.modes.nosync import recovery, span
 from nosync.modes.nosync.outlog import OutputLog
 from nosync.modes.nosync.snapshots import RETENTION, Pending, Snapshots
+from nosync.options import RunOptions
 from nosync.runtime import frames
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.operators import EOS
@@ -88,16 +90,16 @@ class NosyncHooks(Snapshots, WorkerHooks):
     recovers = True
     accepts_peers = True
 
-    def __init__(self, options: dict | None = None) -> None:
+    def __init__(self, options: RunOptions | Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         o = self.options
-        self.tier = o.get("persist_tier", "disk")
-        self.persist_s = o.get("persist_ms", 1000) / 1000
-        self.budget = float(o.get("persist_budget") or 0.05)
-        self.max_unpersisted = int(o.get("max_unpersisted_mb", 256) * (1 << 20))
-        self.max_concurrent_snapshots = int(o.get("max_concurrent_snapshots") or 1)
-        self.max_out_mem = int(o.get("max_output_log_mb", 64) * (1 << 20))
-        self.threshold = o.get("replay_threshold_records")
+        self.tier = o.checkpoint_tier
+        self.persist_s = o.persist_ms / 1000
+        self.budget = o.persist_budget
+        self.max_unpersisted = o.max_unpersisted_mb << 20
+        self.max_concurrent_snapshots = o.max_concurrent_snapshots
+        self.max_out_mem = o.max_output_log_mb << 20
+        self.threshold = o.replay_threshold_records
         self.interval_s = self.persist_s
         """The snapshot interval now: `persist_s` stretched by the budget."""
         self.intervals: list[float] = []

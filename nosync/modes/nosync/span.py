@@ -147,7 +147,7 @@ class _SpanWorker(Worker):
     router_class = _LocalRouter
 
     def __init__(self, index: int, spec: dict, task: int, tasks: int, pure_sinks: set) -> None:
-        super().__init__(index, 0, {**spec, "secret": b"", "mode": "none", "mode_options": {}}, _Hooks())
+        super().__init__(index, 0, {**spec, "secret": b"", "mode": "none"}, _Hooks())
         self.slow_s = 0.0
         self.task, self.tasks = task, tasks
         self.pure_sinks = pure_sinks

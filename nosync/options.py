@@ -1,0 +1,155 @@
+"""A run's options: one frozen dataclass, validated once, read by the CLI (which makes its
+flags from the fields), the runner, and both halves of every mode.
+
+Each field's metadata says what `nosync run --help` shows (`help`), the least value a number
+takes (`min`), the values a string takes (`choices`), and whether the CLI offers it at all
+(`cli`). A mode's worker half gets the options over the wire as a plain map (`to_wire`,
+`from_wire`), so no default is written twice."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any
+
+from nosync.errors import NosyncError
+
+TIERS = ("disk", "remote")
+"""Where a snapshot must be durable before it counts."""
+
+
+def _opt(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything `nosync run` takes beside the pipeline file; see each field's help."""
+
+    mode: str = _opt("none", "The fault-tolerance mode.")
+    workers: int = _opt(2, "Worker tasks, each running one instance of every operator.", min=1, short="-w")
+    master: str | None = _opt(None, "Spark master URL (default: embedded local[W,F]; 2W slots in mode replay).")
+    run_dir: str | None = _opt(None, "Where metrics go (default: runs/NAME-TIME).")
+    epoch_records: int | None = _opt(None, "Cut epochs every N records per source partition (default 10000).", min=1)
+    epoch_ms: int | None = _opt(None, "Cut epochs every MS milliseconds instead.", min=1)
+    batch_size: int = _opt(1024, "Records a source reads per step.", min=1)
+    linger_ms: int = _opt(5, "How long an exchange buffer waits to fill before it is sent.", min=0)
+    on_bad_record: str = _opt(
+        "deadletter",
+        "A record a source cannot parse: to the run's dead-letter file, or fail the run.",
+        choices=("deadletter", "fail"),
+    )
+    checkpoint_ms: int = _opt(1000, "abs: checkpoint interval.", min=1)
+    checkpoint_tier: str = _opt(
+        "disk", "abs, nosync: where a snapshot must be durable before it counts.", choices=TIERS
+    )
+    max_concurrent_checkpoints: int = _opt(1, "abs: checkpoints in flight at once.", min=1)
+    checkpoint_timeout_ms: int = _opt(60_000, "abs: a checkpoint not complete by then is aborted.", min=1)
+    max_restarts: int | None = _opt(None, "Recoveries a run survives before it fails (default: unlimited).", min=0)
+    persist_ms: int = _opt(
+        200,
+        "nosync: how often each worker snapshots its state at most (alone, no barrier); the budget stretches it.",
+        min=1,
+    )
+    persist_budget: float = _opt(
+        0.05,
+        "nosync: the share of a worker's time its persistence may take, in (0, 1]; past it, snapshots come less often.",
+    )
+    max_unpersisted_mb: int = _opt(
+        256, "nosync: bytes appended and not yet durable (snapshots, lineage points) above which sources wait.", min=1
+    )
+    max_output_log_mb: int = _opt(
+        64, "nosync: output-log MB held in memory; past it, the oldest frames go to a local spill file.", min=1
+    )
+    max_concurrent_snapshots: int = _opt(
+        1, "nosync: snapshots being persisted at once (not yet durable); the next waits for one to be done.", min=1
+    )
+    replay_threshold_records: int | None = _opt(
+        None,
+        "nosync: a recovery whose span to re-execute holds more records hands it to a Spark batch job, "
+        "parallel over keys (default: never).",
+        min=1,
+    )
+    resume: bool = _opt(
+        False,
+        "Continue the run in --run-dir (abs: its last completed checkpoint; nosync: every worker's last snapshot).",
+    )
+    params: Mapping[str, Any] = field(default_factory=dict, metadata={"cli": False})
+    """The pipeline's parameters (`build(args)`), `-p KEY=VALUE` on the command line."""
+    timeout_s: float | None = field(default=None, metadata={"cli": False})
+    """Fail the run after this long (tests and benchmarks)."""
+    slow_worker: tuple[int, int] | None = field(default=None, metadata={"cli": False})
+    """(worker, ms): a straggler for benchmarks, its sources waiting after every batch."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", dict(self.params or {}))
+        if self.slow_worker is not None:
+            object.__setattr__(self, "slow_worker", tuple(self.slow_worker))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            least = f.metadata.get("min")
+            if least is not None and value < least:
+                raise NosyncError(f"{flag(f.name)} must be at least {least}, got {value}")
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise NosyncError(f"{flag(f.name)} is one of {', '.join(choices)}, not {value!r}")
+        if self.epoch_records is not None and self.epoch_ms is not None:
+            raise NosyncError("give --epoch-records or --epoch-ms, not both")
+        if self.resume and not self.run_dir:
+            raise NosyncError("--resume needs --run-dir: the run directory to continue")
+        if not 0 < self.persist_budget <= 1:
+            raise NosyncError(
+                f"--persist-budget is the share of a worker's time its persistence may take, in (0, 1], "
+                f"not {self.persist_budget}"
+            )
+        if self.replay_threshold_records is not None and self.mode != "nosync":
+            raise NosyncError(
+                f"--replay-threshold-records is for mode nosync (a recovery's span re-executed by a Spark "
+                f"batch job), not mode {self.mode}"
+            )
+        if self.mode == "replay" and self.epoch_ms is not None:
+            raise NosyncError(
+                "mode replay recomputes lost state epoch by epoch from the sources: cut epochs by records "
+                "(--epoch-records), not by time (--epoch-ms)"
+            )
+
+    def but(self, **changes: Any) -> RunOptions:
+        """These options with `changes`, validated again."""
+        return replace(self, **changes)
+
+    def to_wire(self) -> dict:
+        """The options as a msgpack-able map (what a worker gets in its spec)."""
+        d = asdict(self)
+        d["params"] = dict(self.params)
+        d["slow_worker"] = list(self.slow_worker) if self.slow_worker else None
+        return d
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any] | None) -> RunOptions:
+        """The options a map from `to_wire` holds (a partial map: defaults for the rest); a key
+        that is no option is an error naming it."""
+        d = dict(d or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in d if k not in names)
+        if unknown:
+            raise NosyncError(f"unknown run option '{unknown[0]}'; options: {', '.join(sorted(names))}")
+        if d.get("slow_worker") is not None:
+            d["slow_worker"] = tuple(d["slow_worker"])
+        return cls(**d)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of option `name`."""
+    return "--" + name.replace("_", "-")
+
+
+def cli_fields() -> list:
+    """The fields `nosync run` offers as flags, in declaration order."""
+    return [f for f in fields(RunOptions) if f.metadata.get("cli", True)]
+
+
+def default_of(f: Any) -> Any:
+    """A field's default value."""
+    return f.default_factory() if f.default is MISSING else f.default
