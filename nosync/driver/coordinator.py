@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from nosync.errors import AuthError, FrameError, RunFailed
-from nosync.runtime import channels, frames
+from nosync.runtime import channels, control, frames
 
 log = logging.getLogger("nosync.driver.coordinator")
 
@@ -111,7 +111,7 @@ class Coordinator:
             self._changed.notify_all()
         for c in list(self.conns.values()):
             try:
-                c.send(frames.encode(frames.CONTROL, {}, {"type": "abort", "reason": reason}))
+                c.send(frames.encode(frames.CONTROL, {}, control.to_wire(control.Abort(reason))))
                 c.flush()
             except OSError:
                 pass
@@ -133,15 +133,15 @@ class Coordinator:
             self._events_file.flush()
         return ev
 
-    def send(self, worker: int, msg: dict) -> None:
+    def send(self, worker: int, msg: control.Message) -> None:
         """Sends a control message to worker `worker`, if it is connected."""
         conn = self.conns.get(worker)
         if conn is not None and not conn.closed:
             self._send(conn, msg)
 
-    def broadcast(self, msg: dict) -> None:
+    def broadcast(self, msg: control.Message) -> None:
         """Sends a control message to every connected worker."""
-        data = frames.encode(frames.CONTROL, {}, msg)
+        data = frames.encode(frames.CONTROL, {}, control.to_wire(msg))
         for c in list(self.conns.values()):
             if not c.closed:
                 c.send(data)
@@ -163,7 +163,7 @@ class Coordinator:
         self.ready = set()
         self.done = {}
         self.event("regroup", reason=reason)
-        self.broadcast({"type": "rejoin", "gen": self.gen})
+        self.broadcast(control.Rejoin(self.gen))
 
     @property
     def all_ready(self) -> bool:
@@ -245,9 +245,14 @@ class Coordinator:
                     continue
                 for f in got:
                     try:
-                        self._handle(w, conn, f.body)
+                        msg = control.from_wire(f.body)
+                    except FrameError as e:
+                        self.fail(f"worker {w} sent a malformed control message: {e}")
+                        continue
+                    try:
+                        self._handle(w, conn, msg)
                     except Exception as e:  # noqa: BLE001 - a bug in a mode must fail the run, not hang it
-                        log.exception("coordinator: handling %s from worker %s", f.body.get("type"), w)
+                        log.exception("coordinator: handling %s from worker %s", type(msg).__name__, w)
                         self.fail(f"coordinator error on a message of worker {w}: {type(e).__name__}: {e}")
             now = time.monotonic()
             for w, t in list(self.last_beat.items()):
@@ -303,47 +308,47 @@ class Coordinator:
         self.event("worker_lost", worker=w, attempt=self.attempts.get(w, 0), reason=reason)
         self.mode.on_worker_lost(self, w, self.attempts.get(w, 0), reason)
 
-    def _send(self, conn: channels.Connection, msg: dict) -> None:
-        conn.send(frames.encode(frames.CONTROL, {}, msg))
+    def _send(self, conn: channels.Connection, msg: control.Message) -> None:
+        conn.send(frames.encode(frames.CONTROL, {}, control.to_wire(msg)))
         try:
             conn.flush()
         except OSError:
             pass
 
-    def _handle(self, w: int, conn: channels.Connection, msg: Any) -> None:
-        if not isinstance(msg, dict):
-            return
-        t = msg.get("type")
-        if t == "register":
-            self._register(w, conn, msg)
-        elif t == "heartbeat":
-            self.last_beat[w] = time.monotonic()
-            with self._lock:
-                self.counters[w] = self._counted(w, msg)
-                if self.first_record_at is None and msg.get("read"):
-                    self.first_record_at = time.time()
-        elif t == "ready":
-            if msg.get("gen") == self.gen:
-                self.ready.add(w)
-                self.mode.on_ready(self, w, self.gen)
-                if self.all_ready:
-                    self.event("running")
-        elif t == "mode":
-            self.mode.on_message(self, w, msg)
-        elif t == "done":
-            self.last_beat[w] = time.monotonic()
-            if msg.get("gen") != self.gen:
-                return
-            with self._changed:
-                self.done[w] = msg
-                self.counters[w] = msg["metrics"]
-                if len(self.done) == self.workers:
-                    self.broadcast({"type": "finish"})
-                    self.finished = True
-                    self.event("finished")
-                    self._changed.notify_all()
-        elif t == "error":
-            self.fail(f"worker {w}: {msg.get('message')}")
+    def _handle(self, w: int, conn: channels.Connection, msg: control.Message) -> None:
+        match msg:
+            case control.Register():
+                self._register(w, conn, msg)
+            case control.Heartbeat(counters=counters):
+                self.last_beat[w] = time.monotonic()
+                with self._lock:
+                    self.counters[w] = self._counted(w, {**counters, "gen": msg.gen})
+                    if self.first_record_at is None and counters.get("read"):
+                        self.first_record_at = time.time()
+            case control.Ready(gen=g):
+                if g == self.gen:
+                    self.ready.add(w)
+                    self.mode.on_ready(self, w, self.gen)
+                    if self.all_ready:
+                        self.event("running")
+            case control.ModeMessage():
+                self.mode.on_message(self, w, msg.as_map())
+            case control.Done(gen=g):
+                self.last_beat[w] = time.monotonic()
+                if g != self.gen:
+                    return
+                with self._changed:
+                    self.done[w] = {"gen": msg.gen, "metrics": msg.metrics, "seconds": msg.seconds}
+                    self.counters[w] = msg.metrics
+                    if len(self.done) == self.workers:
+                        self.broadcast(control.Finish())
+                        self.finished = True
+                        self.event("finished")
+                        self._changed.notify_all()
+            case control.Error(message=message):
+                self.fail(f"worker {w}: {message}")
+            case _:
+                self.fail(f"worker {w} sent a {type(msg).__name__} message, which only the coordinator sends")
 
     def _counted(self, w: int, msg: dict) -> dict:
         """A worker's heartbeat as the run's counters take it. A restarting worker counts from
@@ -363,9 +368,9 @@ class Coordinator:
             return {**msg, **own, "committed": prev["committed"]}
         return {**msg, **own}
 
-    def _register(self, w: int, conn: channels.Connection, msg: dict) -> None:
-        attempt = int(msg.get("attempt", 0))
-        gen = int(msg.get("gen", -1))
+    def _register(self, w: int, conn: channels.Connection, msg: control.Register) -> None:
+        attempt = msg.attempt
+        gen = msg.gen
         prev = self.conns.get(w)
         if prev is not None and prev is not conn:
             # a new attempt of a worker whose old connection has not dropped yet: it is gone
@@ -374,23 +379,23 @@ class Coordinator:
         self.conns[w] = conn
         new_attempt = attempt != self.attempts.get(w)
         self.attempts[w] = attempt
-        self.pids[w] = int(msg.get("pid", 0))
+        self.pids[w] = msg.pid
         self.last_beat[w] = time.monotonic()
-        if not new_attempt and msg.get("read") is not None:
-            self.read_at_rejoin[w] = int(msg["read"])
+        if not new_attempt and msg.read is not None:
+            self.read_at_rejoin[w] = msg.read
         if new_attempt:
             self.event("registered", worker=w, attempt=attempt, pid=self.pids[w])
             self.mode.on_worker_registered(self, w, attempt)
         if self.finished:
-            self._send(conn, {"type": "finish"})
+            self._send(conn, control.Finish())
             return
         if self.failure is not None:
-            self._send(conn, {"type": "abort", "reason": self.failure})
+            self._send(conn, control.Abort(self.failure))
             return
         if gen == -1 or gen == self.gen:
-            self.members[w] = list(msg["addr"])
+            self.members[w] = list(msg.addr)
         elif gen < self.gen:
-            self._send(conn, {"type": "rejoin", "gen": self.gen})
+            self._send(conn, control.Rejoin(self.gen))
             return
         if len(self.members) == self.workers and all(x in self.conns for x in range(self.workers)):
             if self.peers_sent == self.gen:
@@ -407,7 +412,7 @@ class Coordinator:
         """Sends every worker the peers of the current generation, with what the mode adds."""
         peers = [self.members[i] for i in range(self.workers)]
         self.event("generation", workers=len(peers))
-        self.broadcast({"type": "peers", "gen": self.gen, "addresses": peers, **extra})
+        self.broadcast(control.Peers(self.gen, peers, extra))
 
 
 __all__ = ["Coordinator", "RunFailed"]

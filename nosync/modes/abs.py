@@ -39,12 +39,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from lsm import ValueEncodingError
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
 from nosync.options import RunOptions
+from nosync.runtime import control
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import JoinOp
 from nosync.runtime.operators import EOS, SinkOp
@@ -61,6 +63,19 @@ KEEP_FILES = RETENTION
 and what `nosync rewind` can start from. As many as the stores keep versions of; with
 aborted checkpoints between them, the oldest files can name versions already compacted,
 which `rewind` finds out and says."""
+
+
+class AbsOp(StrEnum):
+    """What an abs mode message asks or says."""
+
+    TRIGGER = "trigger"
+    """coordinator -> workers: take checkpoint `n` (the sources snapshot and emit its barrier)."""
+    ACK = "ack"
+    """worker -> coordinator: its snapshots of checkpoint `n` are durable."""
+    COMPLETE = "complete"
+    """coordinator -> workers: checkpoint `n` is complete; the sinks commit it."""
+    ABORT = "abort"
+    """coordinator -> workers: checkpoint `n` was aborted."""
 
 
 def take_keyed(op: Any) -> Any:
@@ -191,15 +206,15 @@ class AbsHooks(WorkerHooks):
         barrier), complete (the sinks commit), abort."""
         op = message.get("op")
         n = int(message.get("n", -1))
-        if op == "trigger":
+        if op == AbsOp.TRIGGER:
             ev = {"barrier": n}
             for src in worker.sources:
                 self._snapshot(src, n)
                 src.forward_event(ev)
-        elif op == "complete":
+        elif op == AbsOp.COMPLETE:
             for s in worker.sinks:
                 s.commit_checkpoint(n)
-        elif op == "abort":
+        elif op == AbsOp.ABORT:
             self.pending.pop(n, None)
             self.aborted.add(n)
 
@@ -246,15 +261,14 @@ class AbsHooks(WorkerHooks):
             del self.pending[n]
             self.acked += 1
             worker.send_ctrl(
-                {
-                    "type": "mode",
-                    "op": "ack",
-                    "n": n,
-                    "gen": worker.gen,
-                    "ops": p["ops"],
-                    "instances": p["instances"],
-                    "read": sum(s.records_in for s in worker.sources),
-                }
+                control.mode_message(
+                    AbsOp.ACK,
+                    n=n,
+                    gen=worker.gen,
+                    ops=p["ops"],
+                    instances=p["instances"],
+                    read=sum(s.records_in for s in worker.sources),
+                )
             )
 
     def can_finish(self, worker: Any) -> bool:
@@ -345,18 +359,18 @@ class AbsMode(Mode):
         self.next_id += 1
         self.last_trigger = now
         self.pending[n] = {"t0": now, "acks": {}, "wall": time.time()}
-        coord.broadcast({"type": "mode", "op": "trigger", "n": n, "gen": coord.gen})
+        coord.broadcast(control.mode_message(AbsOp.TRIGGER, n=n, gen=coord.gen))
 
     def _abort(self, coord: Any, n: int, reason: str) -> None:
         self.pending.pop(n, None)
         self.aborted += 1
         coord.event("checkpoint_aborted", checkpoint=n, reason=reason)
-        coord.broadcast({"type": "mode", "op": "abort", "n": n, "gen": coord.gen})
+        coord.broadcast(control.mode_message(AbsOp.ABORT, n=n, gen=coord.gen))
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
         """Counts a worker's acknowledgement of a checkpoint of this generation;
         the last one completes it."""
-        if msg.get("op") != "ack" or msg.get("gen") != coord.gen:
+        if msg.get("op") != AbsOp.ACK or msg.get("gen") != coord.gen:
             return
         n = int(msg["n"])
         p = self.pending.get(n)
@@ -385,7 +399,7 @@ class AbsMode(Mode):
             {"checkpoint": n, "triggered_at": p["wall"], "duration_ms": duration, "bytes": size, "align_ms_max": stall}
         )
         coord.event("checkpoint_completed", checkpoint=n, duration_ms=round(duration, 2), bytes=size)
-        coord.broadcast({"type": "mode", "op": "complete", "n": n, "gen": coord.gen})
+        coord.broadcast(control.mode_message(AbsOp.COMPLETE, n=n, gen=coord.gen))
         checkpoints.prune(self.run_dir, KEEP_FILES)
 
     # -- recovery ----------------------------------------------------------------------

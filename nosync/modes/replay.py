@@ -36,11 +36,13 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
 from nosync.options import RunOptions
+from nosync.runtime import control
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.operators import SinkOp
@@ -56,6 +58,13 @@ CHECK_STATE_KEYS = 16
 bytes: a recovery hands recomputed state to the workers as saved bytes, so a state that cannot
 be saved (a datetime, an object) fails the run early, as at a first snapshot in the other
 modes, and not only once a worker is lost."""
+
+
+class ReplayOp(StrEnum):
+    """What a replay mode message says."""
+
+    COMMITTED = "committed"
+    """worker -> coordinator: the epoch its sinks committed up to."""
 
 
 class ReplayHooks(WorkerHooks):
@@ -130,7 +139,7 @@ class ReplayHooks(WorkerHooks):
             return
         if committed > self.reported:
             self.reported = committed
-            worker.send_ctrl({"type": "mode", "op": "committed", "gen": worker.gen, "epoch": committed})
+            worker.send_ctrl(control.mode_message(ReplayOp.COMMITTED, gen=worker.gen, epoch=committed))
 
     def metrics(self, worker: Any) -> dict:
         """The epoch this worker restored (None: none) and the seconds the restore took."""
@@ -169,7 +178,7 @@ class ReplayMode(Mode):
 
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
         """Notes the epoch a worker committed, and the epoch committed everywhere when it moves."""
-        if msg.get("op") != "committed":
+        if msg.get("op") != ReplayOp.COMMITTED:
             return
         self.committed[worker] = max(self.committed.get(worker, -1), int(msg["epoch"]))
         r = min(self.committed.get(w, -1) for w in range(coord.workers))
@@ -212,7 +221,7 @@ class ReplayMode(Mode):
             target=self._recompute, args=(r, dump, self._job_result), name="nosync-replay", daemon=True
         )
         self._job.start()
-        coord.broadcast({"type": "hold"})
+        coord.broadcast(control.Hold())
         self._last_hold = time.monotonic()
         return None
 
@@ -242,7 +251,7 @@ class ReplayMode(Mode):
             return
         if job.is_alive():
             if time.monotonic() - self._last_hold >= HOLD_EVERY_S:
-                coord.broadcast({"type": "hold"})
+                coord.broadcast(control.Hold())
                 self._last_hold = time.monotonic()
             return
         self._job = None

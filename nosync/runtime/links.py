@@ -12,7 +12,7 @@ import threading
 import time
 
 from nosync.errors import AuthError, FrameError, PeerLost, RunFailed
-from nosync.runtime import channels, frames
+from nosync.runtime import channels, control, frames
 
 log = logging.getLogger("nosync.worker")
 
@@ -46,28 +46,27 @@ class Links:
     def _send_register(self, gen: int) -> None:
         """Registers for generation `gen` (-1: whichever the coordinator is in)."""
         self.send_ctrl(
-            {
-                "type": "register",
-                "worker": self.index,
-                "attempt": self.attempt,
-                "gen": gen,
-                "addr": self.address,
-                "pid": os.getpid(),
+            control.Register(
+                worker=self.index,
+                attempt=self.attempt,
+                gen=gen,
+                addr=list(self.address),
+                pid=os.getpid(),
                 # records read when the last generation ended: exact, where heartbeats lag
-                "read": sum(s.records_in for s in self.sources),
-            }
+                read=sum(s.records_in for s in self.sources),
+            )
         )
 
-    def send_ctrl(self, msg: dict) -> None:
+    def send_ctrl(self, msg: control.Message) -> None:
         """Queues a control message to the coordinator (written by the loop, or by keepalive)."""
-        self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, msg))
+        self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, control.to_wire(msg)))
 
     def report_ready(self) -> None:
         """Tells the coordinator this generation runs here (once): the operators are built and
         restored, and the worker executes (a mode may say so before its replay is done)."""
         if not self._ready_sent:
             self._ready_sent = True
-            self.send_ctrl({"type": "ready", "gen": self.gen})
+            self.send_ctrl(control.Ready(self.gen))
 
     def report_restored(self) -> None:
         """This generation's operators hold their restored state: the counters count from the
@@ -83,7 +82,7 @@ class Links:
         now = time.monotonic()
         if now >= self._next_beat:
             self._next_beat = now + HEARTBEAT_S
-            self.send_ctrl({"type": "heartbeat", "gen": self.gen, **self.counters()})
+            self.send_ctrl(control.Heartbeat(self.gen, self.counters()))
         if self.ctrl_conn.out_bytes:
             self.ctrl_conn.flush()
 
@@ -95,9 +94,13 @@ class Links:
         except ConnectionError as e:
             raise RunFailed(f"lost the coordinator: {e}") from e
         for f in got:
-            self._handle_ctrl(f.body)
+            try:
+                msg = control.from_wire(f.body)
+            except FrameError as e:
+                raise RunFailed(f"malformed message from the coordinator: {e}") from e
+            self._handle_ctrl(msg)
 
-    def _await_peers(self) -> dict:
+    def _await_peers(self) -> control.Peers | None:
         """Waits for the peers of a generation newer than the current one (answering rejoins
         by registering for them), with heartbeats."""
         self._peers = None
@@ -107,12 +110,12 @@ class Links:
         try:
             while True:
                 if self._finish:
-                    return {}
+                    return None
                 if self._rejoin is not None:
                     g, self._rejoin = self._rejoin, None
                     self._send_register(g)
                 peers = self._peers
-                if peers is not None and (self._rejoin is None or int(peers["gen"]) >= self._rejoin):
+                if peers is not None and (self._rejoin is None or peers.gen >= self._rejoin):
                     self._peers = None
                     return peers
                 self.keepalive()
@@ -277,6 +280,6 @@ class Links:
         try:
             self.ctrl_conn.sock.setblocking(True)
             self.ctrl_conn.flush()
-            self.ctrl_conn.sock.sendall(frames.encode(frames.CONTROL, {}, {"type": "error", "message": msg}))
+            self.ctrl_conn.sock.sendall(frames.encode(frames.CONTROL, {}, control.to_wire(control.Error(msg))))
         except OSError:
             pass

@@ -41,7 +41,7 @@ from typing import Any
 from nosync.api.loader import load_pipeline
 from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
-from nosync.runtime import channels, frames
+from nosync.runtime import channels, control, frames
 from nosync.runtime.dead_letters import DeadLetters
 from nosync.runtime.graph import add_edge_input, build_ops, finish_loops, graph_edges
 from nosync.runtime.hooks import WorkerHooks
@@ -115,25 +115,26 @@ class Worker(Links):
 
     # -- the coordinator ---------------------------------------------------------------
 
-    def _handle_ctrl(self, msg: dict) -> None:
-        t = msg.get("type")
-        if t == "abort":
-            raise RunFailed(f"run aborted by the coordinator: {msg.get('reason')}")
-        if t == "finish":
-            self._finish = True
-        elif t == "rejoin":
-            g = int(msg["gen"])
-            if g > self.gen and (self._rejoin is None or g > self._rejoin):
-                self._rejoin = g
-        elif t == "peers":
-            if int(msg["gen"]) > self.gen:
-                self._peers = msg
-        elif t == "hold":
-            # the coordinator holds the generation back (state being recomputed): keep waiting
-            self._peers_deadline = time.monotonic() + SETUP_TIMEOUT_S
-        elif t == "mode":
-            if msg.get("gen", self.gen) == self.gen and self.ops:
-                self.hooks.on_control(self, msg)
+    def _handle_ctrl(self, msg: control.Message) -> None:
+        match msg:
+            case control.Abort(reason=reason):
+                raise RunFailed(f"run aborted by the coordinator: {reason}")
+            case control.Finish():
+                self._finish = True
+            case control.Rejoin(gen=g):
+                if g > self.gen and (self._rejoin is None or g > self._rejoin):
+                    self._rejoin = g
+            case control.Peers(gen=g):
+                if g > self.gen:
+                    self._peers = msg
+            case control.Hold():
+                # the coordinator holds the generation back (state being recomputed): keep waiting
+                self._peers_deadline = time.monotonic() + SETUP_TIMEOUT_S
+            case control.ModeMessage(gen=g):
+                if g in (None, self.gen) and self.ops:
+                    self.hooks.on_control(self, msg.as_map())
+            case _:
+                raise RunFailed(f"worker {self.index}: unexpected {type(msg).__name__} message from the coordinator")
 
     # -- a generation -----------------------------------------------------------------
 
@@ -179,15 +180,15 @@ class Worker(Links):
                 self._last_commit_at = max(self._last_commit_at or 0.0, s.last_commit_at)
         self.ops = []
 
-    def _start_generation(self, peers: dict, p: PhysicalPlan) -> None:
-        self.gen = int(peers["gen"])
+    def _start_generation(self, peers: control.Peers, p: PhysicalPlan) -> None:
+        self.gen = peers.gen
         self.generations += 1
-        self._connect_peers(peers["addresses"], self.gen)
+        self._connect_peers(peers.addresses, self.gen)
         self._build(p)
         self._open_selector()
-        self.restored = not (peers.get("restore") or self.attempt > 0)
+        self.restored = not (peers.extra.get("restore") or self.attempt > 0)
         self._ready_sent = False
-        self.hooks.on_start(self, peers)
+        self.hooks.on_start(self, peers.extra)
         self.restored = True
         self.report_ready()
         self.keepalive()
@@ -321,7 +322,7 @@ class Worker(Links):
             pipeline = load_pipeline(self.spec["pipeline_file"], self.spec.get("params"))
             p = plan(pipeline, self.workers)
             peers = self._await_peers()
-            while not self._finish:
+            while not self._finish and peers is not None:
                 try:
                     self._start_generation(peers, p)
                     self._loop()
@@ -396,10 +397,7 @@ class Worker(Links):
                 self._detach(conn)
                 log.error("worker %s closed its channel with worker %s: %s", self.index, j, e)
                 self.send_ctrl(
-                    {
-                        "type": "error",
-                        "message": f"worker {self.index}: malformed frame from worker {j}, channel closed: {e}",
-                    }
+                    control.Error(f"worker {self.index}: malformed frame from worker {j}, channel closed: {e}")
                 )
             except ConnectionError as e:
                 self._detach(conn)
@@ -444,9 +442,7 @@ class Worker(Links):
                 idle_sent = True
                 self._next_beat = 0.0
             if not self._done_sent and not active_sources and self._finished_locally() and hooks.can_finish(self):
-                self.send_ctrl(
-                    {"type": "done", "gen": self.gen, "metrics": self.metrics(), "seconds": time.time() - start}
-                )
+                self.send_ctrl(control.Done(self.gen, self.metrics(), time.time() - start))
                 self._done_sent = True
             self.keepalive()
 

@@ -20,8 +20,10 @@ from typing import Any
 from lineage import safe_point
 from nosync.modes.base import Mode
 from nosync.modes.nosync.hooks import NosyncHooks
+from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.span import run_span
 from nosync.options import RunOptions
+from nosync.runtime import control
 from nosync.spark.batch import warm_up_soon
 
 log = logging.getLogger("nosync.nosync")
@@ -74,19 +76,19 @@ class NosyncMode(Mode):
     def on_message(self, coord: Any, worker: int, msg: dict) -> None:
         """Takes a worker's mode messages: a span job to run, a request to cover a recovering peer,
         a replay done (into its recovery's row), a newer durable point."""
-        if msg.get("op") == "span":
+        if msg.get("op") == NosyncOp.SPAN:
             coord.event("span_job", worker=worker, step=int(msg.get("step", 0)))
             threading.Thread(
                 target=self._span_job, args=(worker, coord.gen, msg), name="nosync-span", daemon=True
             ).start()
             return
-        if msg.get("op") == "cover":
-            coord.broadcast({"type": "mode", "op": "snapshot_now", "worker": worker, "gen": coord.gen})
+        if msg.get("op") == NosyncOp.COVER:
+            coord.broadcast(control.mode_message(NosyncOp.SNAPSHOT_NOW, worker=worker, gen=coord.gen))
             # and the points as they stand: a restarted worker has seen none, and survivors
             # whose input ended take no snapshot that would broadcast them again
             self.changed = True
             return
-        if msg.get("op") == "replayed":
+        if msg.get("op") == NosyncOp.REPLAYED:
             done = self.recovering.pop(worker, None)
             if done is not None:
                 done["replayed_at"] = time.time()
@@ -117,7 +119,7 @@ class NosyncMode(Mode):
                     r["restored_step"] = int(msg["restored_step"])
                     break
             return
-        if msg.get("op") != "durable":
+        if msg.get("op") != NosyncOp.DURABLE:
             return
         p = msg["point"]
         old = self.points.get(worker)
@@ -134,7 +136,7 @@ class NosyncMode(Mode):
         while self.span_results:
             w, gen, result = self.span_results.pop(0)
             if gen == coord.gen:
-                coord.send(w, {"type": "mode", "op": "span_done", "gen": gen, **result})
+                coord.send(w, control.mode_message(NosyncOp.SPAN_DONE, gen=gen, **result))
         now = time.monotonic()
         if not self.changed or now - self.last_broadcast < BROADCAST_GAP_S:
             return
@@ -145,7 +147,7 @@ class NosyncMode(Mode):
             self.safe = s
             self.safe_rows.append({"t": time.time(), "safe_point": s})
             coord.event("safe_point", epoch=s)
-        coord.broadcast({"type": "mode", "op": "points", "points": self.points, "safe": self.safe, "gen": coord.gen})
+        coord.broadcast(control.mode_message(NosyncOp.POINTS, points=self.points, safe=self.safe, gen=coord.gen))
 
     def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
         """Recovers the lost worker alone while the others go on; a second loss meanwhile makes
@@ -178,25 +180,20 @@ class NosyncMode(Mode):
             return
         self.recovering[worker] = row
         coord.event("recovering", worker=worker)
-        coord.broadcast({"type": "mode", "op": "lost", "worker": worker, "attempt": attempt, "gen": coord.gen})
+        coord.broadcast(control.mode_message(NosyncOp.LOST, worker=worker, attempt=attempt, gen=coord.gen))
 
     def on_rejoin(self, coord: Any, worker: int, attempt: int, address: list) -> None:
         """Sends the new attempt the peers to restore alone with, and tells every other
         worker to connect to it."""
         peers = [coord.members[i] for i in range(coord.workers)]
-        coord.send(worker, {"type": "peers", "gen": coord.gen, "addresses": peers, "restore": True, "alone": True})
+        coord.send(worker, control.Peers(coord.gen, peers, {"restore": True, "alone": True}))
         for w in range(coord.workers):
             if w != worker:
                 coord.send(
                     w,
-                    {
-                        "type": "mode",
-                        "op": "peer_back",
-                        "worker": worker,
-                        "attempt": attempt,
-                        "address": address,
-                        "gen": coord.gen,
-                    },
+                    control.mode_message(
+                        NosyncOp.PEER_BACK, worker=worker, attempt=attempt, address=address, gen=coord.gen
+                    ),
                 )
 
     def on_generation(self, coord: Any, gen: int) -> dict:

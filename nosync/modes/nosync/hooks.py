@@ -56,6 +56,7 @@ import xxhash
 from lineage import Stash, Step
 from nosync.errors import RunFailed
 from nosync.modes.nosync import recovery, span
+from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.outlog import OutputLog
 from nosync.modes.nosync.snapshots import RETENTION, Pending, Snapshots
 from nosync.options import RunOptions
@@ -370,20 +371,20 @@ class NosyncHooks(Snapshots, WorkerHooks):
         """Takes the coordinator's mode messages: durable points, a lost peer, a span job done, a
         request to snapshot now, a peer that came back."""
         op = message.get("op")
-        if op == "points":
+        if op == NosyncOp.POINTS:
             self._on_points(worker, message)
-        elif op == "lost":
+        elif op == NosyncOp.LOST:
             j = int(message["worker"])
             if j != worker.index:
                 # the connections of the lost attempt go (not one a new attempt already opened)
                 worker.peer_down(j, int(message.get("attempt", 0)))
-        elif op == "span_done":
+        elif op == NosyncOp.SPAN_DONE:
             self.span_done = message  # `span.run_span_job` checks that it is its own job's
-        elif op == "snapshot_now":
+        elif op == NosyncOp.SNAPSHOT_NOW:
             if int(message.get("worker", -1)) != worker.index:
                 self.last_snapshot = 0.0  # a recovering peer waits for our durable point
                 self.interval_s = self.persist_s
-        elif op == "peer_back":
+        elif op == NosyncOp.PEER_BACK:
             j = int(message["worker"])
             if j == worker.index:
                 return

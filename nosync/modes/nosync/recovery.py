@@ -42,7 +42,9 @@ from lineage import LineageError, recovery_plan
 from nosync.codec import unpack
 from nosync.errors import RunFailed
 from nosync.modes.nosync import span
+from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.steps import execute, precommit_again
+from nosync.runtime import control
 from nosync.runtime.keyed import MISSING_STATE, JoinOp, KeyedOp, WindowOp
 from nosync.runtime.operators import SinkOp
 from nosync.state.layout import LINEAGE, META, OUT, store_state
@@ -69,26 +71,25 @@ def recover(h: Any, worker: Any) -> None:
     replay(h, worker)
     h.restore_s = time.perf_counter() - t0
     worker.send_ctrl(
-        {
-            "type": "mode",
-            "op": "replayed",
-            "gen": worker.gen,
-            "restored_step": h.durable_step,
-            "steps": h.replayed_steps,
-            "source_records": h.replayed_source_records,
-            "frames": h.replayed_frames,
-            "frame_records": h.replayed_frame_records,
-            "read_restored": h.read_restored,
-            "restore_s": h.restore_s,
-            "restore_meta_s": h.restore_meta_s,
-            "load_wait_s": h.load_wait_s,
-            "load_s": h.load_s,
-            "span_steps": h.span_steps,
-            "span_records": h.span_records,
-            "span_s": h.span_s,
-            "span_parts": h.span_parts,
-            "span_reason": h.span_reason,
-        }
+        control.mode_message(
+            NosyncOp.REPLAYED,
+            gen=worker.gen,
+            restored_step=h.durable_step,
+            steps=h.replayed_steps,
+            source_records=h.replayed_source_records,
+            frames=h.replayed_frames,
+            frame_records=h.replayed_frame_records,
+            read_restored=h.read_restored,
+            restore_s=h.restore_s,
+            restore_meta_s=h.restore_meta_s,
+            load_wait_s=h.load_wait_s,
+            load_s=h.load_s,
+            span_steps=h.span_steps,
+            span_records=h.span_records,
+            span_s=h.span_s,
+            span_parts=h.span_parts,
+            span_reason=h.span_reason,
+        )
     )
 
 

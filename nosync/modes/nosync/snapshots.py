@@ -13,7 +13,8 @@ from lineage import Step
 from lsm import ValueEncodingError
 from nosync.api.sinks import ALL
 from nosync.codec import pack
-from nosync.runtime import frames
+from nosync.modes.nosync.messages import NosyncOp
+from nosync.runtime import control, frames
 from nosync.runtime.keyed import JoinOp, KeyedOp
 from nosync.runtime.operators import EOS
 from nosync.state.layout import LINEAGE, META, OUT
@@ -221,7 +222,7 @@ class Snapshots:
             "consumed": self.snap_point["consumed"] if self.snap_point else {},
             "produced": self.snap_point["produced"] if self.snap_point else {},
         }
-        worker.send_ctrl({"type": "mode", "op": "durable", "gen": worker.gen, "point": point})
+        worker.send_ctrl(control.mode_message(NosyncOp.DURABLE, gen=worker.gen, point=point))
         self._commit_safe(worker)
 
     snap_point: dict | None = None

@@ -51,8 +51,9 @@ from nosync.api.pipeline import KEYED_KINDS
 from nosync.api.plan import plan
 from nosync.api.sinks import SinkPart
 from nosync.errors import RunFailed
+from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.steps import next_frame, precommit_again
-from nosync.runtime import frames
+from nosync.runtime import control, frames
 from nosync.runtime.graph import key_hash
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
@@ -407,17 +408,10 @@ def hand_over(self: Any, worker: Any, entries: list, pump: Any) -> int:
     t2 = time.perf_counter()
     covered = _covered(self, counters)
     if not covered:
-        worker.send_ctrl({"type": "mode", "op": "cover", "gen": worker.gen})
+        worker.send_ctrl(control.mode_message(NosyncOp.COVER, gen=worker.gen))
     self.span_done = None
     worker.send_ctrl(
-        {
-            "type": "mode",
-            "op": "span",
-            "gen": worker.gen,
-            "dir": job_dir,
-            "tasks": W,
-            "step": self.step,
-        },
+        control.mode_message(NosyncOp.SPAN, gen=worker.gen, dir=job_dir, tasks=W, step=self.step),
     )
     while self.span_done is None or self.span_done.get("dir") != job_dir:
         pump(0.05)

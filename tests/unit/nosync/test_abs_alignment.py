@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import lsm
 import nosync as ns
 from nosync.errors import RunFailed
-from nosync.modes.abs import STATE, AbsHooks
+from nosync.modes.abs import STATE, AbsHooks, AbsOp
+from nosync.runtime import control
 from nosync.runtime.graph import make_op
 
 TIMEOUT_S = 10.0
@@ -39,8 +40,8 @@ class Worker:
         self.spec = {"run_dir": run_dir}
         self.sent: list[dict] = []
 
-    def send_ctrl(self, msg: dict) -> None:
-        self.sent.append(msg)
+    def send_ctrl(self, msg: control.Message) -> None:
+        self.sent.append(control.to_wire(msg))  # as the coordinator gets it
 
     def keepalive(self) -> None:
         pass
@@ -373,7 +374,7 @@ def test_an_aborted_checkpoint_does_not_hold_back_the_next_ones(env):
     solo, _ = env.count_op("solo", ("only",))  # snapshots at once, as a source does at the trigger
     solo.event("only", B(1))
     op.event("a", B(1))
-    env.h.on_control(env.worker, {"type": "mode", "op": "abort", "n": 1, "gen": 0})
+    env.h.on_control(env.worker, control.mode_message(AbsOp.ABORT, gen=0, n=1).as_map())
     op.event("b", B(1))  # the rest of barrier 1, after the abort
     solo.event("only", B(2))
     op.event("a", B(2))

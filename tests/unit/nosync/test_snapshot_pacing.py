@@ -16,6 +16,7 @@ import nosync as ns
 from lsm import Store
 from nosync.modes.nosync import NosyncHooks
 from nosync.modes.nosync.outlog import OutputLog
+from nosync.runtime import control
 from nosync.runtime.graph import make_op
 
 
@@ -35,8 +36,8 @@ class StandInWorker:
         self.ops = ops or []
         self.ctrl: list[dict] = []
 
-    def send_ctrl(self, msg: dict) -> None:
-        self.ctrl.append(msg)
+    def send_ctrl(self, msg: control.Message) -> None:
+        self.ctrl.append(control.to_wire(msg))  # as the coordinator gets it
 
 
 def counts(keys: int):
