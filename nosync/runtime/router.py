@@ -64,15 +64,16 @@ class Router:
                 self.dst.push(frames.wire_records(b, self.sender), epoch, self.local_chan)
                 continue
             if self.buffer_epoch[d] != epoch and bufs[d]:
-                self._send(d)
+                self.send_buffer(d)
             if not bufs[d]:
                 self.buffer_since[d] = time.monotonic()
             bufs[d].extend(b)
             self.buffer_epoch[d] = epoch
             if len(bufs[d]) >= self.w.batch_size:
-                self._send(d)
+                self.send_buffer(d)
 
-    def _send(self, d: int) -> None:
+    def send_buffer(self, d: int) -> None:
+        """Sends what the buffer for worker `d` holds, in frames (nothing when it is empty)."""
         recs = self.buffers[d]
         if not recs:
             return
@@ -107,7 +108,7 @@ class Router:
         now = time.monotonic()
         for d in range(self.n):
             if self.buffers[d] and (older_than is None or now - self.buffer_since[d] >= older_than):
-                self._send(d)
+                self.send_buffer(d)
 
     def _broadcast(self, kind: int, header: dict, body: Any = None) -> None:
         self.flush()

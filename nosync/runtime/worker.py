@@ -138,7 +138,8 @@ class Worker(Links):
 
     # -- a generation -----------------------------------------------------------------
 
-    def _build(self, p: PhysicalPlan) -> None:
+    def build(self, p: PhysicalPlan) -> None:
+        """Builds this worker's instance of every operator of plan `p`, with its routers and edges."""
         self.plan = p
         self.routers = []
         self.ops, self.by_id = build_ops(
@@ -184,7 +185,7 @@ class Worker(Links):
         self.gen = peers.gen
         self.generations += 1
         self._connect_peers(peers.addresses, self.gen)
-        self._build(p)
+        self.build(p)
         self._open_selector()
         self.restored = not (peers.extra.get("restore") or self.attempt > 0)
         self._ready_sent = False

@@ -185,7 +185,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
 
     # -- the log of steps ---------------------------------------------------------------
 
-    def _log(self, entry: tuple) -> None:
+    def log_step(self, entry: tuple) -> None:
+        """Takes the next step: `entry` (its kind, `lineage.Step`, first) joins this worker's lineage."""
         self.step += 1
         self.stash.add(self.w.index, [(self.step, entry)])
 
@@ -193,7 +194,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
         """Logs the step that reads one chunk of `source` (with the clock's epoch
         under --epoch-ms), then reads it."""
         e = source.time_epoch() if worker.epoch_ms else None
-        self._log((Step.READ, worker.sources.index(source), e))
+        self.log_step((Step.READ, worker.sources.index(source), e))
         return source.poll(e)
 
     def flush_routers(self, worker: Any) -> None:
@@ -201,8 +202,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
         linger = worker.linger_s
         for ri, r in enumerate(worker.routers):
             for d in r.due(linger):
-                self._log((Step.FLUSHED, ri, d))
-                r._send(d)
+                self.log_step((Step.FLUSHED, ri, d))
+                r.send_buffer(d)
 
     def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
         """Numbers the frame on the link to `dest`, adds its fingerprint and the lineage `dest`
@@ -283,7 +284,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
         ahead = self.ahead.get(j)
         if ahead:
             self.ahead_records -= ahead.pop(seq, 0)
-        self._log((Step.CONSUMED, j, seq))
+        self.log_step((Step.CONSUMED, j, seq))
         self.consumed[j] = seq
         self.fps.setdefault(j, {})[seq] = h.get("fp")
 

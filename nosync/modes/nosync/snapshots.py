@@ -55,10 +55,10 @@ class Snapshots:
     def _cut(self, worker: Any) -> None:
         """Flushes every exchange buffer (a logged step), then logs the frame counters per link:
         a cut a recovery can hand the steps before to a batch job (with a replay threshold)."""
-        self._log((Step.FLUSHED_ALL,))
+        self.log_step((Step.FLUSHED_ALL,))
         for r in worker.routers:
             r.flush()
-        self._log((Step.CUT, [self.produced.get(d, 0) for d in range(worker.workers)]))
+        self.log_step((Step.CUT, [self.produced.get(d, 0) for d in range(worker.workers)]))
         self.last_cut = self.step
 
     def _precommit(self, worker: Any, seq: int, everything: bool) -> list:

@@ -117,7 +117,7 @@ class _LocalRouter(Router):
     """Passes on the share of its worker as a streaming router does, and drops the buffers of
     the others instead of sending them (those frames were consumed already)."""
 
-    def _send(self, d: int) -> None:
+    def send_buffer(self, d: int) -> None:
         self.buffers[d] = []
 
     def _broadcast(self, kind: int, header: dict, body: Any = None) -> None:
@@ -193,7 +193,7 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
     me = int(job["worker"])
     p = plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
     w = _SpanWorker(me, spec, task, tasks, _pure_sinks(p))
-    w._build(p)
+    w.build(p)
     for op in w.ops:
         if isinstance(op, KeyedOp):
             _gate(w, op)

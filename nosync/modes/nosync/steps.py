@@ -24,20 +24,20 @@ def execute(h: Any, worker: Any, entry: tuple, pump: Any) -> None:
             h.replayed_frame_records += len(f.body)
         worker.process_frame(j, f)
     elif kind == Step.READ:
-        h._log(tuple(entry))
+        h.log_step(tuple(entry))
         src = worker.sources[int(entry[1])]
         before = src.records_in
         src.poll(entry[2])
         h.replayed_source_records += src.records_in - before
     elif kind == Step.FLUSHED:
-        h._log(tuple(entry))
-        worker.routers[int(entry[1])]._send(int(entry[2]))
+        h.log_step(tuple(entry))
+        worker.routers[int(entry[1])].send_buffer(int(entry[2]))
     elif kind == Step.FLUSHED_ALL:
-        h._log((Step.FLUSHED_ALL,))
+        h.log_step((Step.FLUSHED_ALL,))
         for r in worker.routers:
             r.flush()
     elif kind == Step.CUT:
-        h._log(tuple(entry))
+        h.log_step(tuple(entry))
         now = [h.produced.get(d, 0) for d in range(worker.workers)]
         if list(entry[1]) != now:
             raise RunFailed(

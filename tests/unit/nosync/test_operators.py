@@ -562,7 +562,7 @@ def test_self_join_keeps_its_two_inputs_apart():
     ks = p.source(ns.sources.Generator(records=6, fn=lambda i: i % 2)).key_by(lambda x: x)
     ks.join(ks).sink(ns.sinks.Null())
     w = Worker(0, 0, {"workers": 1, "secret": b"s", "mode": "none", "run_id": "r"}, WorkerHooks())
-    w._build(plan(p, 1))
+    w.build(plan(p, 1))
     got: list = []
     w.sinks[0].part.write = lambda epoch, recs: got.extend(recs)
     w.sources[0].emit([0, 1, 0, 1, 0, 1], 0)

@@ -61,7 +61,7 @@ def hooks_on(tmp_path, ops: list | None = None, **options) -> tuple[NosyncHooks,
 
 
 def step_and_poll(hooks: NosyncHooks, worker: StandInWorker, since_s: float = 1.0) -> None:
-    hooks._log(("s", 0, None))  # a step was taken since the last snapshot
+    hooks.log_step(("s", 0, None))  # a step was taken since the last snapshot
     hooks.last_snapshot -= since_s  # and this long has passed
     hooks.poll(worker)
 
