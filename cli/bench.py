@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
 
 import click
 
-from cli.common import master_option
+from cli.common import master_option, spark_log, staged_log, verbose_option
 from nosync.modes import MODES
 
 
 @click.group()
-def bench() -> None:
-    """Benchmarks. Each prints one JSON object (and a table unless --json)."""
+@verbose_option()
+@click.pass_context
+def bench(ctx: click.Context, verbose: bool) -> None:
+    """Benchmarks. Each prints one JSON object (and a table unless --json); its progress goes to
+    stderr, Spark's own output to a log file it names (`bench --verbose`: to stderr)."""
+    ctx.obj = {"verbose": verbose}
 
 
 def _report(name: str, run, render, as_json: bool) -> None:
@@ -23,13 +28,22 @@ def _report(name: str, run, render, as_json: bool) -> None:
     A run that fails exits 1; a usage error exits 2."""
     from nosync.errors import NosyncError, RunFailed
 
+    verbose = bool((click.get_current_context().obj or {}).get("verbose"))
+    staged = staged_log()
+    # the progress goes to the terminal's stderr, which Spark's output does not reach
+    err = os.fdopen(os.dup(2), "w", buffering=1)
     try:
-        result = run(lambda m: click.echo(f"[bench {name}] {m}", err=True))
+        with spark_log(verbose, staged):
+            result = run(lambda m: print(f"[bench {name}] {m}", file=err))
     except RunFailed as e:
-        click.echo(f"error: run failed: {e}", err=True)
+        click.echo(f"error: run failed: {e}" + ("" if verbose else f" (Spark's own output: {staged})"), err=True)
         sys.exit(1)
     except NosyncError as e:
         raise click.UsageError(str(e)) from None
+    finally:
+        err.close()
+    if not verbose and os.path.exists(staged):
+        click.echo(f"[bench {name}] Spark's own output: {staged}", err=True)
     click.echo(json.dumps(result, indent=None if as_json else 1, sort_keys=True))
     if not as_json:
         click.echo(render(result))
