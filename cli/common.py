@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
 import click
+
+from nosync.spark.session import spark_output_to
 
 
 def parse_params(items: tuple[str, ...], hint: str = "-p") -> dict[str, str]:
@@ -23,25 +24,6 @@ def parse_params(items: tuple[str, ...], hint: str = "-p") -> dict[str, str]:
     return out
 
 
-@contextlib.contextmanager
-def spark_output_to(path: str) -> Iterator[None]:
-    """Sends what is written to file descriptor 2 (Spark's JVM and its Python workers inherit
-    it: WARN lines, log4j notices, stack traces of tasks that were meant to fail) to `path`
-    while the block runs; the command's own output stays on stdout."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(fd, 2)
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(fd)
-
-
 def verbose_option() -> Callable:
     """`--verbose`, shared by every command that starts Spark: show Spark's own output (WARN
     and log4j lines) on the terminal instead of sending it to a file (the run directory's
@@ -50,7 +32,7 @@ def verbose_option() -> Callable:
     return click.option(
         "--verbose",
         is_flag=True,
-        help="Show Spark's own output here instead of in a log file (a run's: its directory's spark.log).",
+        help="Show Spark's own output here instead of in a log file.",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from typing import Any
 
 import click
 
-from cli.common import move_log, parse_params, spark_log, staged_log, verbose_option
+from cli.common import parse_params, verbose_option
 from nosync.driver.runner import run
 from nosync.errors import NosyncError, PipelineError, RunFailed
 from nosync.modes import MODES
@@ -68,10 +69,8 @@ def run_cmd(pipeline_file: str, params: tuple[str, ...], verbose: bool, **given:
             last[2] = int(p["t"])  # one line a second
             click.echo(line)
 
-    staged = staged_log()
     try:
-        with spark_log(verbose, staged):
-            result = run(pipeline_file, options, progress=progress)
+        result = run(pipeline_file, options, progress=progress, log_spark=not verbose)
     except PipelineError as e:
         if tty:
             click.echo()
@@ -80,8 +79,9 @@ def run_cmd(pipeline_file: str, params: tuple[str, ...], verbose: bool, **given:
         if tty:
             click.echo()
         click.echo(f"error: run failed: {e}", err=True)
-        if not verbose:
-            click.echo(f"Spark's own output: {move_log(staged, options.run_dir)}", err=True)
+        run_dir = getattr(e, "run_dir", None)
+        if not verbose and run_dir:
+            click.echo(f"Spark's own output: {os.path.join(run_dir, 'spark.log')}", err=True)
         sys.exit(1)
     except NosyncError as e:
         if tty:
@@ -124,7 +124,7 @@ def run_cmd(pipeline_file: str, params: tuple[str, ...], verbose: bool, **given:
         )
     rows.append(("run directory", result.run_dir))
     if not verbose:
-        rows.append(("Spark's output", move_log(staged, result.run_dir)))
+        rows.append(("Spark's output", os.path.join(result.run_dir, "spark.log")))
     width = max(len(a) for a, _ in rows)
     click.echo("\n".join(f"{a:<{width}}  {b}" for a, b in rows))
 

@@ -92,6 +92,8 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
                 master=master,
             )
         except PipelineError as e:
+            if os.path.exists(staged):
+                os.unlink(staged)  # a usage error: Spark's output says nothing more
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
         except NosyncError as e:

@@ -39,7 +39,12 @@ class PeerLost(NosyncError):
 
 
 class RunFailed(NosyncError):
-    """A run that could not complete (a worker died in mode `none`, a user function raised)."""
+    """A run that could not complete (a worker died in mode `none`, a user function raised);
+    `run_dir`: the run directory, when the run had one."""
+
+    def __init__(self, message: str, run_dir: str | None = None) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
 
 
 class BadRecord(NosyncError):

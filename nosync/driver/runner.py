@@ -14,6 +14,7 @@ and number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -34,7 +35,7 @@ from nosync.driver.task import worker_main
 from nosync.errors import NosyncError, RunFailed
 from nosync.modes import get_mode
 from nosync.options import RunOptions
-from nosync.spark.session import check_slots, get_spark
+from nosync.spark.session import check_slots, get_spark, spark_output_to
 from nosync.state import checkpoints
 
 SAMPLE_S = 0.25
@@ -55,12 +56,15 @@ def run(
     *,
     progress: Callable[[dict], None] | None = None,
     spark: Any = None,
+    log_spark: bool = False,
     **changes: Any,
 ) -> RunResult:
     """Runs the pipeline of `pipeline_file` with `options` (default: `RunOptions()`), changed
     by `changes` (option names as keywords), on `options.workers` Spark tasks until it
     finishes, and writes its metrics; raises RunFailed if it fails. `progress` gets the run's
-    progress every SAMPLE_S; `spark`: a session to run on instead of one for the options."""
+    progress every SAMPLE_S; `spark`: a session to run on instead of one for the options;
+    `log_spark`: Spark's own output (of a session this run starts) goes to the run directory's
+    spark.log, not to stderr."""
     opts = options or RunOptions()
     if changes:
         unknown = sorted(set(changes) - {f.name for f in fields(RunOptions)})
@@ -101,108 +105,111 @@ def run(
         },
     )
 
-    t0 = time.time()
-    # mode replay, and mode nosync with a replay threshold, run batch jobs beside the W
-    # streaming tasks: W more slots
-    why = ""
-    if mode == "replay":
-        why = f"mode replay: {workers} streaming tasks and {workers} for batch recomputation"
-    elif opts.replay_threshold_records is not None:
-        why = f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
-    slots = 2 * workers if why else workers
-    spark = spark or get_spark(opts.master, slots)
-    check_slots(spark, slots, why)
-    startup_s = time.time() - t0
-    secret = secrets.token_bytes(32)
-    coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=opts.max_restarts)
-    spec = {
-        "run_id": run_id,
-        "pipeline_file": pipeline_file,
-        "params": dict(params or {}),
-        "mode": mode,
-        "options": opts.to_wire(),
-        "workers": workers,
-        "coordinator": list(coord.address),
-        "secret": secret,
-        "epoch_records": opts.epoch_records,
-        "epoch_ms": opts.epoch_ms,
-        "batch_size": opts.batch_size,
-        "linger_ms": opts.linger_ms,
-        "run_dir": run_dir,
-        "on_bad_record": opts.on_bad_record,
-        "slow_worker": list(opts.slow_worker) if opts.slow_worker else None,
-    }
-    driver_mode.attach(spark, spec)
-    job_error: list[BaseException] = []
-    sc = spark.sparkContext
+    with contextlib.ExitStack() as quiet:
+        if log_spark:
+            quiet.enter_context(spark_output_to(os.path.join(run_dir, "spark.log")))
+        t0 = time.time()
+        # mode replay, and mode nosync with a replay threshold, run batch jobs beside the W
+        # streaming tasks: W more slots
+        why = ""
+        if mode == "replay":
+            why = f"mode replay: {workers} streaming tasks and {workers} for batch recomputation"
+        elif opts.replay_threshold_records is not None:
+            why = f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
+        slots = 2 * workers if why else workers
+        spark = spark or get_spark(opts.master, slots)
+        check_slots(spark, slots, why)
+        startup_s = time.time() - t0
+        secret = secrets.token_bytes(32)
+        coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=opts.max_restarts)
+        spec = {
+            "run_id": run_id,
+            "pipeline_file": pipeline_file,
+            "params": dict(params or {}),
+            "mode": mode,
+            "options": opts.to_wire(),
+            "workers": workers,
+            "coordinator": list(coord.address),
+            "secret": secret,
+            "epoch_records": opts.epoch_records,
+            "epoch_ms": opts.epoch_ms,
+            "batch_size": opts.batch_size,
+            "linger_ms": opts.linger_ms,
+            "run_dir": run_dir,
+            "on_bad_record": opts.on_bad_record,
+            "slow_worker": list(opts.slow_worker) if opts.slow_worker else None,
+        }
+        driver_mode.attach(spark, spec)
+        job_error: list[BaseException] = []
+        sc = spark.sparkContext
 
-    def job() -> None:
-        sc.setJobGroup(run_id, f"nosync {pipeline.name} ({mode})", interruptOnCancel=True)
+        def job() -> None:
+            sc.setJobGroup(run_id, f"nosync {pipeline.name} ({mode})", interruptOnCancel=True)
+            try:
+                sc.parallelize(range(workers), workers).mapPartitionsWithIndex(partial(worker_main, spec)).collect()
+            except BaseException as e:  # noqa: BLE001 - reported to the caller below
+                job_error.append(e)
+
+        thread = threading.Thread(target=job, name="nosync-job", daemon=True)
+        launched = time.time()
+        thread.start()
+        samples: list[dict] = []
+        workers_seen: dict = {}
         try:
-            sc.parallelize(range(workers), workers).mapPartitionsWithIndex(partial(worker_main, spec)).collect()
-        except BaseException as e:  # noqa: BLE001 - reported to the caller below
-            job_error.append(e)
-
-    thread = threading.Thread(target=job, name="nosync-job", daemon=True)
-    launched = time.time()
-    thread.start()
-    samples: list[dict] = []
-    workers_seen: dict = {}
-    try:
-        while True:
-            if coord.wait(SAMPLE_S):
-                break
-            info = coord.workers_info()
-            if info != workers_seen:
-                workers_seen = info
-                _write_json(os.path.join(run_dir, "workers.json"), info)
-            p = coord.progress()
-            p["t"] = time.time() - launched
-            samples.append(p)
-            if progress:
-                progress(p)
-            if job_error and not coord.finished:
-                coord.fail(f"the Spark job failed: {_first_line(job_error[0])}")
-            if opts.timeout_s is not None and time.time() - launched > opts.timeout_s:
-                coord.fail(f"timed out after {opts.timeout_s}s")
-        if coord.failure is not None:
-            sc.cancelJobGroup(run_id)
-            thread.join(timeout=5)
-            raise RunFailed(coord.failure)
-        # every worker was told to finish; a task Spark retries after that is told so too
-        thread.join(timeout=60)
-        if thread.is_alive():
-            sc.cancelJobGroup(run_id)
-            thread.join(timeout=5)
-        elif job_error:
-            raise RunFailed(f"the Spark job failed: {_first_line(job_error[0])}")
-    finally:
-        coord.close()
-    end = time.time()
-    first = min(d["metrics"].get("first_read_at") or end for d in coord.done.values())
-    last_commit = max(d["metrics"].get("last_commit_at") or end for d in coord.done.values())
-    info = {
-        "pipeline": pipeline.name,
-        "mode": mode,
-        "workers": workers,
-        "master": sc.master,
-        "run_id": run_id,
-        "startup_s": startup_s + max(0.0, first - launched),
-        "processing_s": max(1e-9, last_commit - first),
-        "wall_s": end - t0,
-        "refused_connections": coord.refused,
-    }
-    summary = metrics.summarize(info, coord.done)
-    summary["records_per_s"] = summary["records_read"] / info["processing_s"]
-    summary["generations"] = coord.gen + 1
-    summary.update(driver_mode.summary(coord))
-    p = coord.progress()
-    p["t"] = end - launched
-    samples.append(p)
-    if summary.get("recoveries"):
-        metrics.add_recovery_times(summary["recoveries"], samples, launched, coord.progress_rows)
-    metrics.write(run_dir, summary, samples, coord.done, {**driver_mode.tables(), "progress": coord.progress_rows})
-    return RunResult(summary, run_dir)
+            while True:
+                if coord.wait(SAMPLE_S):
+                    break
+                info = coord.workers_info()
+                if info != workers_seen:
+                    workers_seen = info
+                    _write_json(os.path.join(run_dir, "workers.json"), info)
+                p = coord.progress()
+                p["t"] = time.time() - launched
+                samples.append(p)
+                if progress:
+                    progress(p)
+                if job_error and not coord.finished:
+                    coord.fail(f"the Spark job failed: {_first_line(job_error[0])}")
+                if opts.timeout_s is not None and time.time() - launched > opts.timeout_s:
+                    coord.fail(f"timed out after {opts.timeout_s}s")
+            if coord.failure is not None:
+                sc.cancelJobGroup(run_id)
+                thread.join(timeout=5)
+                raise RunFailed(coord.failure, run_dir=run_dir)
+            # every worker was told to finish; a task Spark retries after that is told so too
+            thread.join(timeout=60)
+            if thread.is_alive():
+                sc.cancelJobGroup(run_id)
+                thread.join(timeout=5)
+            elif job_error:
+                raise RunFailed(f"the Spark job failed: {_first_line(job_error[0])}", run_dir=run_dir)
+        finally:
+            coord.close()
+        end = time.time()
+        first = min(d["metrics"].get("first_read_at") or end for d in coord.done.values())
+        last_commit = max(d["metrics"].get("last_commit_at") or end for d in coord.done.values())
+        info = {
+            "pipeline": pipeline.name,
+            "mode": mode,
+            "workers": workers,
+            "master": sc.master,
+            "run_id": run_id,
+            "startup_s": startup_s + max(0.0, first - launched),
+            "processing_s": max(1e-9, last_commit - first),
+            "wall_s": end - t0,
+            "refused_connections": coord.refused,
+        }
+        summary = metrics.summarize(info, coord.done)
+        summary["records_per_s"] = summary["records_read"] / info["processing_s"]
+        summary["generations"] = coord.gen + 1
+        summary.update(driver_mode.summary(coord))
+        p = coord.progress()
+        p["t"] = end - launched
+        samples.append(p)
+        if summary.get("recoveries"):
+            metrics.add_recovery_times(summary["recoveries"], samples, launched, coord.progress_rows)
+        metrics.write(run_dir, summary, samples, coord.done, {**driver_mode.tables(), "progress": coord.progress_rows})
+        return RunResult(summary, run_dir)
 
 
 def _check_run_dir(run_dir: str, same: dict, resume: bool) -> None:

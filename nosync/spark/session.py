@@ -8,9 +8,11 @@ worker would both register). Embedded runs use `local[W,F]`: W task slots, F att
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from nosync.errors import NosyncError
@@ -70,3 +72,22 @@ def check_slots(spark: Any, workers: int, why: str = "", wait_s: float = 60.0) -
     if slots < workers:
         need = f"{why}: {workers}" if why else f"{workers} workers need {workers}"
         raise NosyncError(f"{need} concurrent task slots; the Spark master {spark.sparkContext.master} offers {slots}")
+
+
+@contextlib.contextmanager
+def spark_output_to(path: str) -> Iterator[None]:
+    """Sends what is written to file descriptor 2 (Spark's JVM and its Python workers inherit
+    it: WARN lines, log4j notices, stack traces of tasks that were meant to fail) to `path`
+    while the block runs; the command's own output stays on stdout."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
