@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsm import ValueEncodingError
 from nosync.errors import RunFailed
@@ -53,6 +53,9 @@ from nosync.runtime.operators import EOS, SinkOp
 from nosync.state import checkpoints
 from nosync.state.checkpoints import STATE, restore_keyed, state_path
 from nosync.state.stores import open_store
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
 log = logging.getLogger("nosync.abs")
 
@@ -104,11 +107,11 @@ class AbsHooks(WorkerHooks):
         self.aborted: set[int] = set()
         self.align: dict[str, dict[int, dict]] = {}
         self.acked = 0
-        self.worker: Any = None
+        self.worker: Worker = None
 
     # -- restore ---------------------------------------------------------------------
 
-    def _open_stores(self, worker: Any) -> None:
+    def _open_stores(self, worker: Worker) -> None:
         for op in worker.ops:
             if hasattr(op, "take_updates") and op.name not in self.stores:
                 path = state_path(worker.spec["run_dir"], worker.index, op.name)
@@ -120,7 +123,7 @@ class AbsHooks(WorkerHooks):
                     uploads=self.tier == "remote",
                 )
 
-    def on_start(self, worker: Any, peers: dict) -> None:
+    def on_start(self, worker: Worker, peers: dict) -> None:
         """Opens the keyed stores and, when the generation restores a checkpoint, puts every
         operator back to it: keyed state, metadata, the sinks' pre-commits."""
         self.worker = worker
@@ -201,7 +204,7 @@ class AbsHooks(WorkerHooks):
             p["stores"].append((store, row, time.perf_counter()))
         p["instances"].append(row)
 
-    def on_control(self, worker: Any, message: dict) -> None:
+    def on_control(self, worker: Worker, message: dict) -> None:
         """Acts on the coordinator's checkpoint messages: trigger (the sources snapshot and emit the
         barrier), complete (the sinks commit), abort."""
         op = message.get("op")
@@ -241,7 +244,7 @@ class AbsHooks(WorkerHooks):
             op.forward_event(event)
             op.unblock()
 
-    def poll(self, worker: Any) -> None:
+    def poll(self, worker: Worker) -> None:
         """Acknowledges, oldest first, the checkpoints every instance has snapshotted and whose
         stores are durable on the checkpoint tier."""
         if not self.pending:
@@ -271,11 +274,11 @@ class AbsHooks(WorkerHooks):
                 )
             )
 
-    def can_finish(self, worker: Any) -> bool:
+    def can_finish(self, worker: Worker) -> bool:
         """Whether no checkpoint awaits acknowledgement and no sink holds anything uncommitted."""
         return not self.pending and not any(s.uncommitted for s in worker.sinks)
 
-    def metrics(self, worker: Any) -> dict:
+    def metrics(self, worker: Worker) -> dict:
         """Checkpoints acknowledged, the stores' backpressure, and the bytes appended to them."""
         return {
             "checkpoints_acked": self.acked,
@@ -283,7 +286,7 @@ class AbsHooks(WorkerHooks):
             "bytes_persisted": sum(s.stats.appended_bytes for s in self.stores.values()),
         }
 
-    def close(self, worker: Any) -> None:
+    def close(self, worker: Worker) -> None:
         """Closes the keyed stores (an error closing one is logged, not raised)."""
         for s in self.stores.values():
             try:

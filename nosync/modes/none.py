@@ -8,11 +8,14 @@ not linger. This is the mode every other mode's overhead is measured against.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
 from nosync.runtime.hooks import WorkerHooks
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
 
 class NoneHooks(WorkerHooks):
@@ -20,7 +23,7 @@ class NoneHooks(WorkerHooks):
 
     name = "none"
 
-    def on_start(self, worker: Any, peers: dict) -> None:
+    def on_start(self, worker: Worker, peers: dict) -> None:
         """Fails the run if this worker is a restart (attempt > 0): mode none cannot recover."""
         if worker.attempt > 0:
             raise RunFailed(f"worker {worker.index} restarted (attempt {worker.attempt}); mode none cannot recover")

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
@@ -47,6 +47,9 @@ from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.operators import SinkOp
 from nosync.spark.batch import load_states, recompute_states, warm_up_soon
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
 log = logging.getLogger("nosync.replay")
 
@@ -83,7 +86,7 @@ class ReplayHooks(WorkerHooks):
         self.restore_s = 0.0
         self.next_state_check = 0.0
 
-    def on_start(self, worker: Any, peers: dict) -> None:
+    def on_start(self, worker: Worker, peers: dict) -> None:
         """Makes sinks replace what they commit again and, when the generation restores epoch R,
         drops staged output and loads every instance as recomputed at the end of R."""
         for s in worker.sinks:
@@ -112,7 +115,7 @@ class ReplayHooks(WorkerHooks):
             worker.keepalive()
         self.restore_s = time.perf_counter() - t0
 
-    def _check_state(self, worker: Any) -> None:
+    def _check_state(self, worker: Worker) -> None:
         for op in worker.ops:
             if isinstance(op, KeyedOp):
                 try:
@@ -122,12 +125,12 @@ class ReplayHooks(WorkerHooks):
                         f"{e} (mode replay loads recomputed state from saved bytes when a worker is lost)"
                     ) from None
 
-    def can_finish(self, worker: Any) -> bool:
+    def can_finish(self, worker: Worker) -> bool:
         """Checks once more that the keyed state can be saved; then the worker may finish."""
         self._check_state(worker)  # a run too short for a check in `poll` gets one
         return True
 
-    def poll(self, worker: Any) -> None:
+    def poll(self, worker: Worker) -> None:
         """Now and then checks that the keyed state can be saved, and reports a newly committed
         epoch (the least over the sinks) to the coordinator."""
         now = time.monotonic()
@@ -141,7 +144,7 @@ class ReplayHooks(WorkerHooks):
             self.reported = committed
             worker.send_ctrl(control.mode_message(ReplayOp.COMMITTED, gen=worker.gen, epoch=committed))
 
-    def metrics(self, worker: Any) -> dict:
+    def metrics(self, worker: Worker) -> dict:
         """The epoch this worker restored (None: none) and the seconds the restore took."""
         return {"restored_epoch": self.restored_epoch, "restore_s": self.restore_s}
 

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nosync.options import RunOptions
 from nosync.runtime import frames
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
 
 class WorkerHooks:
@@ -29,35 +32,35 @@ class WorkerHooks:
 
     # -- the data path (a mode that numbers and logs frames and steps overrides these) ----
 
-    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
+    def send_frame(self, worker: Worker, dest: int, kind: int, header: dict, data: bytes) -> None:
         """Sends a data, marker or event frame to worker `dest`; `data` is its body, packed."""
         worker.out[dest].send(frames.encode_packed(kind, header, data))
 
-    def accept_frame(self, worker: Any, source: int, frame: Any) -> bool:
+    def accept_frame(self, worker: Worker, source: int, frame: Any) -> bool:
         """Whether a frame that arrived from worker `source` is processed now."""
         return True
 
-    def poll_source(self, worker: Any, source: Any) -> bool:
+    def poll_source(self, worker: Worker, source: Any) -> bool:
         """Reads one chunk of `source`; False once it is exhausted."""
         return source.poll()
 
-    def flush_routers(self, worker: Any) -> None:
+    def flush_routers(self, worker: Worker) -> None:
         """Sends the exchange buffers that waited longer than the linger time."""
         for r in worker.routers:
             r.flush(worker.linger_s)
 
-    def may_read(self, worker: Any) -> bool:
+    def may_read(self, worker: Worker) -> bool:
         """Whether sources may be read now (a mode may hold them back: persistence backpressure)."""
         return True
 
-    def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
+    def on_peer_down(self, worker: Worker, peer: int, attempt: int | None = None) -> None:
         """The connections with attempt `attempt` (None: any) of worker `peer`, and with its
         earlier attempts, dropped (modes that recover); a newer attempt's may remain."""
 
-    def on_peer_connected(self, worker: Any, peer: int, conn: Any, direction: str) -> None:
+    def on_peer_connected(self, worker: Worker, peer: int, conn: Any, direction: str) -> None:
         """A peer that came back opened a connection to this running worker."""
 
-    def on_start(self, worker: Any, peers: dict) -> None:
+    def on_start(self, worker: Worker, peers: dict) -> None:
         """A generation's operators are built, before the first record: the mode restores them
         (`peers`: the coordinator's message); the default restores nothing."""
         pass
@@ -66,28 +69,28 @@ class WorkerHooks:
         """An in-band event reached operator `op` on `channel`; the default forwards it."""
         op.forward_event(event)
 
-    def on_control(self, worker: Any, message: dict) -> None:
+    def on_control(self, worker: Worker, message: dict) -> None:
         """A coordinator message of type "mode" arrived; the default ignores it."""
         pass
 
-    def poll(self, worker: Any) -> None:
+    def poll(self, worker: Worker) -> None:
         """Runs once per loop iteration (durable snapshots are acknowledged here);
         the default does nothing."""
         pass
 
-    def can_finish(self, worker: Any) -> bool:
+    def can_finish(self, worker: Worker) -> bool:
         """Whether a worker whose input is exhausted may report done; the default: at once."""
         return True
 
-    def metrics(self, worker: Any) -> dict:
+    def metrics(self, worker: Worker) -> dict:
         """The mode's metrics of this worker (under "mode" in `Worker.metrics`); the default has
         none."""
         return {}
 
-    def debug_state(self, worker: Any) -> dict:
+    def debug_state(self, worker: Worker) -> dict:
         """What the mode holds and waits on, for `Worker.dump_state`."""
         return {}
 
-    def close(self, worker: Any) -> None:
+    def close(self, worker: Worker) -> None:
         """The worker is ending: releases what the mode holds; the default holds nothing."""
         pass

@@ -4,11 +4,14 @@ to read, and a keyed operator's state loaded from one."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lsm
 from nosync.errors import RunFailed
 from nosync.runtime.keyed import JoinOp
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
 LOCK_WAIT_S = 30.0
 """How long a restarting worker waits for the store lock of a previous attempt to go."""
@@ -20,7 +23,7 @@ def read_store(path: str) -> Any:
     return lsm.Store(path, budget=0, uploads=False)
 
 
-def open_store(worker: Any, path: str, what: str, **options: Any) -> Any:
+def open_store(worker: Worker, path: str, what: str, **options: Any) -> Any:
     """Opens the `lsm` store at `path` for `worker`, waiting (with heartbeats) while the
     process of an attempt being killed still holds its lock; `what` names it in errors."""
     deadline = time.monotonic() + LOCK_WAIT_S

@@ -49,7 +49,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -67,8 +67,14 @@ from nosync.state.inputlog import InputLog
 from nosync.state.layout import input_store_path, store_path
 from nosync.state.stores import open_store
 
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
+
 log = logging.getLogger("nosync.nosync")
 
+CONSUMED, READ, FLUSHED = Step.CONSUMED.value, Step.READ.value, Step.FLUSHED.value
+"""The kinds of the steps taken per frame, chunk and buffer, as plain strings: every frame's
+header carries entries, and msgpack packs a str subclass (an enum member) on its slow path."""
 HEADER_LINEAGE = 1500
 """Lineage entries a frame's header carries at most, over all origins: an entry packs to 31
 bytes at most, so the header stays within its bound (frames.MAX_HEADER). More than that (a
@@ -190,22 +196,22 @@ class NosyncHooks(Snapshots, WorkerHooks):
         self.step += 1
         self.stash.add(self.w.index, [(self.step, entry)])
 
-    def poll_source(self, worker: Any, source: Any) -> bool:
+    def poll_source(self, worker: Worker, source: Any) -> bool:
         """Logs the step that reads one chunk of `source` (with the clock's epoch
         under --epoch-ms), then reads it."""
         e = source.time_epoch() if worker.epoch_ms else None
-        self.log_step((Step.READ, worker.sources.index(source), e))
+        self.log_step((READ, worker.sources.index(source), e))
         return source.poll(e)
 
-    def flush_routers(self, worker: Any) -> None:
+    def flush_routers(self, worker: Worker) -> None:
         """Logs a step for each exchange buffer past the linger time, then sends it."""
         linger = worker.linger_s
         for ri, r in enumerate(worker.routers):
             for d in r.due(linger):
-                self.log_step((Step.FLUSHED, ri, d))
+                self.log_step((FLUSHED, ri, d))
                 r.send_buffer(d)
 
-    def send_frame(self, worker: Any, dest: int, kind: int, header: dict, data: bytes) -> None:
+    def send_frame(self, worker: Worker, dest: int, kind: int, header: dict, data: bytes) -> None:
         """Numbers the frame on the link to `dest`, adds its fingerprint and the lineage `dest`
         lacks, keeps it in the output log and sends it if the link is up."""
         seq = self.produced.get(dest, 0) + 1
@@ -240,7 +246,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
                 if origin != me:
                     self.stash.add(int(origin), entries)
 
-    def accept_frame(self, worker: Any, j: int, f: Any) -> bool:
+    def accept_frame(self, worker: Worker, j: int, f: Any) -> bool:
         """Whether a frame from worker `j` is processed now: not a LINEAGE frame, one processed
         before (its fingerprint checked) or one queued during a replay; a gap fails the run."""
         if f.kind == frames.LINEAGE:
@@ -284,11 +290,11 @@ class NosyncHooks(Snapshots, WorkerHooks):
         ahead = self.ahead.get(j)
         if ahead:
             self.ahead_records -= ahead.pop(seq, 0)
-        self.log_step((Step.CONSUMED, j, seq))
+        self.log_step((CONSUMED, j, seq))
         self.consumed[j] = seq
         self.fps.setdefault(j, {})[seq] = h.get("fp")
 
-    def drain(self, worker: Any) -> None:
+    def drain(self, worker: Worker) -> None:
         """Processes frames queued while replaying, link by link."""
         for j in list(self.queue):
             q = self.queue[j]
@@ -307,7 +313,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
         lin = {o: self.stash.entries(o) for o in self.stash.origins() if o != self.w.index}
         return frames.encode(frames.LINEAGE, {"resume": self.consumed.get(peer, 0) + 1}, {"lin": lin, "for": peer})
 
-    def _on_lineage(self, worker: Any, j: int, f: Any) -> None:
+    def _on_lineage(self, worker: Worker, j: int, f: Any) -> None:
         """A LINEAGE frame from peer `j`: the entries that did not fit in the header of the
         frame after it (`more`), or, when `j` (re)connected, the entries it holds, and the
         chan_seq from which it wants the frames of the link to it again."""
@@ -327,7 +333,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
         self.lineage_attempt[j] = getattr(worker.inc.get(j), "attempt", None)
         self._try_resume(worker, j)
 
-    def _try_resume(self, worker: Any, j: int) -> None:
+    def _try_resume(self, worker: Worker, j: int) -> None:
         """Sends peer `j` its frames again from where it asked, once connected to the attempt
         that asked (its LINEAGE frame can arrive before the loss of an earlier attempt is
         known here, while the sending connection still goes to that one)."""
@@ -351,7 +357,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             conn.send(frame, resend=True)
         self.up[j] = True
 
-    def on_peer_down(self, worker: Any, peer: int, attempt: int | None = None) -> None:
+    def on_peer_down(self, worker: Worker, peer: int, attempt: int | None = None) -> None:
         """Marks the link to `peer` down and forgets what its lost attempt asked for; its frames
         received but not processed will come again."""
         if peer not in worker.out:
@@ -368,7 +374,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             self.ahead_records -= sum(self.ahead.pop(peer, {}).values())
             self.received[peer] = self.consumed.get(peer, 0)
 
-    def on_control(self, worker: Any, message: dict) -> None:
+    def on_control(self, worker: Worker, message: dict) -> None:
         """Takes the coordinator's mode messages: durable points, a lost peer, a span job done, a
         request to snapshot now, a peer that came back."""
         op = message.get("op")
@@ -394,7 +400,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             conn.send_uncounted(self.lineage_frame(j))
             self._try_resume(worker, j)
 
-    def _on_points(self, worker: Any, message: dict) -> None:
+    def _on_points(self, worker: Worker, message: dict) -> None:
         me = worker.index
         points = {int(w): p for w, p in message["points"].items()}
         self.peer_points = points
@@ -410,7 +416,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
         self.safe = int(message.get("safe", -1))
         self._commit_safe(worker)
 
-    def _commit_safe(self, worker: Any) -> None:
+    def _commit_safe(self, worker: Worker) -> None:
         for s in worker.sinks:
             epochs = self.pc_epochs.get(s.name, {})
             upto = None
@@ -426,7 +432,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
 
     # -- lineage points and snapshots -------------------------------------------------------
 
-    def may_read(self, worker: Any) -> bool:
+    def may_read(self, worker: Worker) -> bool:
         """Whether sources may be read: not while more than `max_unpersisted_mb` of appends are not
         durable (the stall is timed)."""
         if self.unpersisted <= self.max_unpersisted:
@@ -438,7 +444,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             self._stall_from = time.perf_counter()
         return False
 
-    def can_finish(self, worker: Any) -> bool:
+    def can_finish(self, worker: Worker) -> bool:
         """Whether every step is in a lineage point, no append awaits durability, the sinks
         committed everything and every link to a peer resumed."""
         return (
@@ -450,7 +456,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
 
     # -- start, restore -------------------------------------------------------------------
 
-    def _open_store(self, worker: Any) -> None:
+    def _open_store(self, worker: Worker) -> None:
         if self.store is not None:
             return
         path = store_path(worker.spec["run_dir"], worker.index)
@@ -464,7 +470,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             uploads=self.tier == "remote",
         )
 
-    def on_start(self, worker: Any, peers: dict) -> None:
+    def on_start(self, worker: Worker, peers: dict) -> None:
         """Opens the store, the output log and the input logs of unreplayable sources; a restore or
         a restart recovers the worker (`recovery.recover`)."""
         self.w = worker
@@ -501,7 +507,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             return
         recovery.recover(self, worker)
 
-    def debug_state(self, worker: Any) -> dict:
+    def debug_state(self, worker: Worker) -> dict:
         """Steps, durable points, links, queues, the output log and the sinks not committed,
         for `Worker.dump_state`."""
         return {
@@ -524,7 +530,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             "interval_s": self.interval_s,
         }
 
-    def metrics(self, worker: Any) -> dict:
+    def metrics(self, worker: Worker) -> dict:
         """Persistence (snapshots, lineage points, bytes, stall, intervals), spans, replays, frames,
         the output log and input logging."""
         stall = self.stall_s
@@ -560,7 +566,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             "input_log_s": sum(x.log_s for x in self.input_logs),
         }
 
-    def close(self, worker: Any) -> None:
+    def close(self, worker: Worker) -> None:
         """Stops the bulk loader and closes the output log and the stores (an error closing a
         store is logged, not raised)."""
         if self.loader is not None:

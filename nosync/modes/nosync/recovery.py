@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lineage import LineageError, recovery_plan
 from nosync.codec import unpack
@@ -49,12 +49,15 @@ from nosync.runtime.keyed import MISSING_STATE, JoinOp, KeyedOp, WindowOp
 from nosync.runtime.operators import SinkOp
 from nosync.state.layout import LINEAGE, META, OUT, store_state
 
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
+
 REPLAY_TIMEOUT_S = 120.0
 POLL_S = 0.005
 """How often a replay takes the frames and control messages that arrived."""
 
 
-def recover(h: Any, worker: Any) -> None:
+def recover(h: Any, worker: Worker) -> None:
     """Restores worker `worker` from its store and replays its steps (`on_start` of a restart)."""
     t0 = time.perf_counter()
     restore(h, worker)
@@ -93,7 +96,7 @@ def recover(h: Any, worker: Any) -> None:
     )
 
 
-def restore(h: Any, worker: Any) -> None:
+def restore(h: Any, worker: Worker) -> None:
     """Puts the worker back to its last durable snapshot and the lineage points after it (keyed
     state mostly loaded in the background); with no snapshot, back to the start."""
     store = h.store
@@ -179,7 +182,7 @@ class BulkLoader:
         finally:
             self.seconds = time.perf_counter() - t0
 
-    def install_done(self, worker: Any) -> bool:
+    def install_done(self, worker: Worker) -> bool:
         """Makes every loaded state its operator's (on the processing thread, between two
         steps); True once every operator has its state."""
         if self.error is not None:
@@ -212,7 +215,7 @@ class BulkLoader:
         self._stop = True
 
 
-def replay(h: Any, worker: Any) -> None:
+def replay(h: Any, worker: Worker) -> None:
     """Waits for a LINEAGE frame from every peer, then re-executes the logged steps after the
     snapshot, in their order."""
     h.replaying = True

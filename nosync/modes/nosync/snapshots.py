@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lineage import Step
 from lsm import ValueEncodingError
@@ -18,6 +18,9 @@ from nosync.runtime import control, frames
 from nosync.runtime.keyed import JoinOp, KeyedOp
 from nosync.runtime.operators import EOS
 from nosync.state.layout import LINEAGE, META, OUT
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
 log = logging.getLogger("nosync.nosync")
 
@@ -47,12 +50,12 @@ class Pending:
 class Snapshots:
     """Lineage points and snapshots of `NosyncHooks`; its attributes are the hooks'."""
 
-    def _frontier(self, worker: Any) -> int:
+    def _frontier(self, worker: Worker) -> int:
         # a loop's body runs inside its iterate operator's step and gets no markers: the
         # iterate operator's frontier stands for it
         return min((op.frontier for op in worker.ops if not op.node.params.get("loop_internal")), default=-1)
 
-    def _cut(self, worker: Any) -> None:
+    def _cut(self, worker: Worker) -> None:
         """Flushes every exchange buffer (a logged step), then logs the frame counters per link:
         a cut a recovery can hand the steps before to a batch job (with a replay threshold)."""
         self.log_step((Step.FLUSHED_ALL,))
@@ -61,7 +64,7 @@ class Snapshots:
         self.log_step((Step.CUT, [self.produced.get(d, 0) for d in range(worker.workers)]))
         self.last_cut = self.step
 
-    def _precommit(self, worker: Any, seq: int, everything: bool) -> list:
+    def _precommit(self, worker: Worker, seq: int, everything: bool) -> list:
         """Pre-commits, under `seq`, what the sinks staged: at a lineage point, for sealed epochs
         only, and not durably (a recovery's replay makes it again, the steps before it being
         durable); at a snapshot, everything, durably (a restore starts after it), and every
@@ -80,7 +83,7 @@ class Snapshots:
             made.append([s.name, seq, upto])
         return made
 
-    def _append(self, worker: Any, runs: dict, snapshot: dict | None, pcs: list) -> None:
+    def _append(self, worker: Worker, runs: dict, snapshot: dict | None, pcs: list) -> None:
         """One append to the store at the next seq: `runs`, and a lineage point (the entries
         held that no earlier point persisted, the sinks' pre-commits `pcs` made under that
         seq, the frontier)."""
@@ -108,7 +111,7 @@ class Snapshots:
         self.points += 1
         self.point_bytes += size
 
-    def _snapshot(self, worker: Any) -> None:
+    def _snapshot(self, worker: Worker) -> None:
         t0 = time.thread_time()
         if self.cut_steps:
             self._cut(worker)
@@ -161,7 +164,7 @@ class Snapshots:
         """Snapshots taken and not yet durable."""
         return sum(1 for p in self.pending if p.snapshot is not None)
 
-    def poll(self, worker: Any) -> None:
+    def poll(self, worker: Worker) -> None:
         """Once per loop iteration: installs loaded state, takes a snapshot or a lineage point when
         one is due, a cut with a replay threshold, and takes in the appends made durable."""
         if self.loader is not None:
@@ -195,10 +198,10 @@ class Snapshots:
         if self.pending:
             self._durable(worker)
 
-    def _sinks_moved(self, worker: Any) -> bool:
+    def _sinks_moved(self, worker: Worker) -> bool:
         return any(self.sink_frontiers.get(s.name, -1) != s.frontier for s in worker.sinks)
 
-    def _durable(self, worker: Any) -> None:
+    def _durable(self, worker: Worker) -> None:
         """Takes in the appends the store made durable: the worker's durable point moves, and
         each durable snapshot sets the next interval from what it cost."""
         durable = self.store.durable(self.tier)
@@ -227,7 +230,7 @@ class Snapshots:
 
     snap_point: dict | None = None
 
-    def _snapshot_durable(self, worker: Any, p: Pending) -> None:
+    def _snapshot_durable(self, worker: Worker, p: Pending) -> None:
         self.durable_step = p.step
         self.snap_point = p.snapshot
         now = time.monotonic()

@@ -345,7 +345,7 @@ COVER_TIMEOUT_S = 30.0
 the job's cut (they were asked for a snapshot) before it re-executes the span itself."""
 
 
-def hand_over(self: Any, worker: Any, entries: list, pump: Any) -> int:
+def hand_over(self: Any, worker: Worker, entries: list, pump: Any) -> int:
     """With a replay threshold: when the span to re-execute holds more records than it,
     hands the steps up to its last usable cut to a Spark batch job (`nosync_span`) and
     loads what the job computed. Returns how many of `entries` that covered (0: none; the
@@ -466,7 +466,7 @@ def _covered(self: Any, counters: list) -> bool:
     return True
 
 
-def _apply_span(self: Any, worker: Any, taken: list, counters: list, got: dict, result: dict) -> None:
+def _apply_span(self: Any, worker: Worker, taken: list, counters: list, got: dict, result: dict) -> None:
     """The worker as it stood after the last step of `taken` (a cut): the job's keyed state,
     frontiers, source positions and sink records, and the counters of the steps."""
     me = worker.index

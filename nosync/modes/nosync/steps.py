@@ -5,14 +5,17 @@ pre-commits made again."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lineage import Step
 from nosync.errors import RunFailed
 from nosync.runtime import frames
 
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
 
-def execute(h: Any, worker: Any, entry: tuple, pump: Any) -> None:
+
+def execute(h: Any, worker: Worker, entry: tuple, pump: Any) -> None:
     """Re-executes one logged step."""
     kind = entry[0]
     if kind == Step.CONSUMED:
@@ -46,7 +49,7 @@ def execute(h: Any, worker: Any, entry: tuple, pump: Any) -> None:
             )
 
 
-def precommit_again(h: Any, worker: Any, pcs: list) -> None:
+def precommit_again(h: Any, worker: Worker, pcs: list) -> None:
     """The pre-commits a lineage point made after this step, made again with the same ids and
     epochs (the replay staged the same records)."""
     sinks = {s.name: s for s in worker.sinks}
