@@ -12,13 +12,13 @@ from nosync import codec
 from nosync.api import sinks
 from nosync.api.loader import load_pipeline
 from nosync.api.plan import PhysicalPlan, plan
-from nosync.errors import NosyncError, RunFailed
+from nosync.errors import BadRecord, NosyncError, RunFailed
 from nosync.runtime import frames
+from nosync.runtime.dead_letters import DeadLetters
 from nosync.runtime.graph import add_edge_input, build_ops, finish_loops, graph_edges, partition_of
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.operators import EOS, SinkOp, SourceOp
-from nosync.runtime.worker import Worker
 from nosync.state import checkpoints
 from nosync.state.checkpoints import restore_keyed
 from nosync.state.inputlog import InputLog
@@ -75,15 +75,18 @@ class _Host:
         self.slow_s = 0.0
         self.clock = _Clock()
         self.first_read_at: float | None = None
-        self.dead_letters = 0
-        self._dl_file: Any = None
-        self._dl_seen: set = set()
+        self.dead_letters = DeadLetters(
+            os.path.join(spec["run_dir"], f"dead-letter-w{index}.jsonl"),
+            spec.get("on_bad_record", "deadletter") == "fail",
+        )
         self.rows: list[tuple] = []
         self.seq = 0
         self.writers: list = []
         self._inputs: Any = None
 
-    dead_letter = Worker.dead_letter
+    def dead_letter(self, op_name: str, bad: BadRecord) -> None:
+        """A source could not read a record: it goes to the run's dead letters, as a worker's do."""
+        self.dead_letters.write(op_name, bad)
 
     def input_log(self) -> Any:
         """This worker's input log in the copy of the run's logs, opened on first use."""
@@ -95,6 +98,7 @@ class _Host:
         return self._inputs
 
     def close(self) -> None:
+        self.dead_letters.close()
         if self._inputs is not None:
             self._inputs.close()
             self._inputs = None

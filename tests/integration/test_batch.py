@@ -27,7 +27,7 @@ import sys
 import pytest
 from support.paths import PIPELINES, ROOT, WORKLOADS
 from support.runs import committed_pairs
-from support.workloads import big_text, keyed_count_expected
+from support.workloads import big_text, keyed_count_expected, write_dead_letters_input
 
 import nosync as ns
 from experiments.chaos import committed_outputs
@@ -265,3 +265,19 @@ def test_state_errors_name_what_is_wrong(spark, tmp_path):
     assert proc.returncode == 2 and "cut by time (--epoch-ms 100)" in proc.stderr, proc.stderr
     proc = subprocess.run([*cli, str(tmp_path), "--operator", "x"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "has no run.json" in proc.stderr, proc.stderr
+
+
+def test_batch_jobs_send_bad_records_to_the_dead_letters_once_each(spark, tmp_path):
+    """A source's unparsable lines, in a batch job, go to the run directory's dead-letter files
+    as a streaming worker's do: each exactly once, named by file and byte offset."""
+    bad = write_dead_letters_input(tmp_path / "in", files=2, lines=20_000)
+    params = {"input": str(tmp_path / "in"), "output": str(tmp_path / "out")}
+    run_dir = tmp_path / "batch"
+    run_batch(os.path.join(PIPELINES, "chaos_dead_letters.py"), params, workers=2, spark=spark, run_dir=str(run_dir))
+    got = []
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("dead-letter-w"):
+            with open(run_dir / name, encoding="utf-8") as f:
+                got += [json.loads(line) for line in f]
+    assert sorted((d["file"], d["position"]["byte"], d["position"]["raw"]) for d in got) == sorted(bad)
+    assert {d["source"] for d in got} == {"lines"}
