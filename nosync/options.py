@@ -116,7 +116,12 @@ class RunOptions:
             )
 
     def but(self, **changes: Any) -> RunOptions:
-        """These options with `changes`, validated again."""
+        """These options with `changes`, validated again; a name that is no option is an error
+        naming it."""
+        names = {f.name for f in fields(self)}
+        unknown = sorted(k for k in changes if k not in names)
+        if unknown:
+            raise NosyncError(f"unknown run option '{unknown[0]}'; options: {', '.join(sorted(names))}")
         return replace(self, **changes)
 
     def to_wire(self) -> dict:
@@ -130,14 +135,7 @@ class RunOptions:
     def from_wire(cls, d: Mapping[str, Any] | None) -> RunOptions:
         """The options a map from `to_wire` holds (a partial map: defaults for the rest); a key
         that is no option is an error naming it."""
-        d = dict(d or {})
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(k for k in d if k not in names)
-        if unknown:
-            raise NosyncError(f"unknown run option '{unknown[0]}'; options: {', '.join(sorted(names))}")
-        if d.get("slow_worker") is not None:
-            d["slow_worker"] = tuple(d["slow_worker"])
-        return cls(**d)
+        return cls().but(**(d or {}))
 
 
 def flag(name: str) -> str:

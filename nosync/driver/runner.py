@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -65,12 +65,7 @@ def run(
     progress every SAMPLE_S; `spark`: a session to run on instead of one for the options;
     `log_spark`: Spark's own output (of a session this run starts) goes to the run directory's
     spark.log, not to stderr."""
-    opts = options or RunOptions()
-    if changes:
-        unknown = sorted(set(changes) - {f.name for f in fields(RunOptions)})
-        if unknown:
-            raise NosyncError(f"unknown run option '{unknown[0]}'")
-        opts = opts.but(**changes)
+    opts = (options or RunOptions()).but(**changes)
     mode, workers, run_dir, params = opts.mode, opts.workers, opts.run_dir, opts.params
     pipeline_file = os.path.abspath(pipeline_file)
     pipeline = load_pipeline(pipeline_file, params)
