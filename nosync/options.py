@@ -34,6 +34,12 @@ class RunOptions:
     epoch_ms: int | None = _opt(None, "Cut epochs every MS milliseconds instead.", min=1)
     batch_size: int = _opt(1024, "Records a source reads per step.", min=1)
     linger_ms: int = _opt(5, "How long an exchange buffer waits to fill before it is sent.", min=0)
+    max_rounds: int | None = _opt(
+        None,
+        "Rounds a loop may go for one epoch before the run fails, naming the loop (default: unlimited; "
+        "iterate's max_iterations, when given, is the loop's own bound).",
+        min=1,
+    )
     on_bad_record: str = _opt(
         "deadletter",
         "A record a source cannot parse: to the run's dead-letter file, or fail the run.",

@@ -195,11 +195,18 @@ class Stream:
         self,
         body: Callable[[Stream], Stream],
         keep: Callable[[Any], bool],
-        max_iterations: int = 1000,
+        max_iterations: int | None = None,
         name: str | None = None,
     ) -> Stream:
         """A feedback loop: records go through `body`; each output r for which keep(r) is true
         goes round again, the others leave the loop downstream. The only way to build a cycle.
+
+        The body may hold any operator but sources and sinks, keyed ones included: a record
+        goes round through the worker that owns its key. Progress is tracked per round: the
+        records of an epoch go round until a round in which no worker kept any, and leave the
+        loop tagged with that epoch, epochs in order. A loop still going round after
+        `max_iterations` rounds of one epoch (default: the run's --max-rounds, unlimited
+        unless given) fails the run, naming the loop.
 
         >>> nums.iterate(lambda s: s.map(lambda n: n // 2), keep=lambda n: n > 1)  # doctest: +SKIP
         """
@@ -207,7 +214,9 @@ class Stream:
         op = name or "iterate"
         _check_fn(body, "iterate's body", op, where)
         _check_fn(keep, "iterate's keep predicate", op, where)
-        if not isinstance(max_iterations, int) or max_iterations < 1:
+        if max_iterations is not None and (
+            not isinstance(max_iterations, int) or isinstance(max_iterations, bool) or max_iterations < 1
+        ):
             raise PipelineError(f"max_iterations must be a positive int, got {max_iterations!r}", op, where)
         p = self.pipeline
         entry = self._derive("loop_entry", None, where, loop_internal=True)
@@ -223,11 +232,12 @@ class Stream:
                 where,
             )
         for n in body_nodes:
-            if n.kind in KEYED_KINDS or n.kind == "key_by" or n.kind == "sink":
+            if n.kind in ("sink", "source"):
                 raise PipelineError(
-                    f"iterate bodies run inside one worker: '{n.kind}' ({n.name}) is not allowed in them yet",
-                    op,
-                    where,
+                    f"a {n.kind} cannot be inside a loop: '{n.name}' is declared in the body of iterate "
+                    f"'{op}' ({where}); put it after the loop",
+                    n.name,
+                    n.where,
                 )
             if any(i < entry.id for i in n.inputs):
                 raise PipelineError(
@@ -238,7 +248,7 @@ class Stream:
             n.params["loop_internal"] = True
         node = p._add(
             "iterate",
-            (self.node.id,),
+            (out.node.id,),
             False,
             name,
             where,

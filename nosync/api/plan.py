@@ -4,6 +4,13 @@ An edge is forward (the consumer is on the same worker: a direct call) or exchan
 routed to the worker that owns their key). An edge is exchange exactly when it leaves a key_by:
 keyed operators keep their input's partitioning, so what follows them stays forward. Partition
 i of a source is read by worker i % W.
+
+A loop adds one more edge, its back edge (`feedback`), from the iterate operator (the loop's
+tail) to its loop_entry (the head): the records kept go back to the head on their own worker.
+When the body holds an exchange, the back edge is one too: the tail's reports on each round
+and its barriers go to the head of every worker, which go round in step (see
+`nosync.runtime.loops`); otherwise the loop stays on its worker and the edge is forward. It is
+the only edge that goes backwards in node order.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ class Edge:
     dst: int
     port: int
     exchange: bool
+    feedback: bool = False
+    """A loop's back edge, from its iterate operator to its loop_entry."""
 
 
 @dataclass
@@ -45,9 +54,14 @@ class PhysicalPlan:
         return [e for e in self.edges if e.src == node_id]
 
     @property
+    def forward_edges(self) -> list[Edge]:
+        """Every edge but the loops' back edges: the graph they make is acyclic."""
+        return [e for e in self.edges if not e.feedback]
+
+    @property
     def exchange_edges(self) -> list[Edge]:
         """The edges whose records are routed to the worker that owns their key."""
-        return [e for e in self.edges if e.exchange]
+        return [e for e in self.edges if e.exchange and not e.feedback]
 
 
 def plan(pipeline: Pipeline, workers: int) -> PhysicalPlan:
@@ -58,8 +72,13 @@ def plan(pipeline: Pipeline, workers: int) -> PhysicalPlan:
     for n in nodes:
         for port, i in enumerate(n.inputs):
             up = nodes[i]
-            exchange = n.kind in KEYED_KINDS and up.kind == "key_by" and not n.params.get("loop_internal")
+            exchange = n.kind in KEYED_KINDS and up.kind == "key_by"
             edges.append(Edge(len(edges), i, n.id, port, exchange))
+    for n in nodes:
+        if n.kind == "iterate":
+            body = set(n.params["body"])
+            crosses = any(e.exchange for e in edges if e.dst in body)
+            edges.append(Edge(len(edges), n.id, n.params["entry"], 1, crosses, feedback=True))
     parts: dict[int, list[list[dict]]] = {}
     for n in nodes:
         if n.kind == "source":

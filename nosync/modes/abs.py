@@ -49,6 +49,7 @@ from nosync.options import RunOptions
 from nosync.runtime import control
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import JoinOp
+from nosync.runtime.loops import LoopHead
 from nosync.runtime.operators import EOS, SinkOp
 from nosync.state import checkpoints
 from nosync.state.checkpoints import STATE, restore_keyed, state_path
@@ -158,6 +159,10 @@ class AbsHooks(WorkerHooks):
             if isinstance(op, SinkOp):
                 op.recover(c, list(meta["precommitted"]) if meta is not None else [])
             worker.keepalive()
+        for op in worker.ops:
+            if isinstance(op, LoopHead):
+                # every operator holds the checkpoint's state: what the back edges carried goes round again
+                op.replay_log()
 
     # -- checkpoints -----------------------------------------------------------------
 
@@ -165,18 +170,19 @@ class AbsHooks(WorkerHooks):
         p = self.pending.get(n)
         if p is None:
             p = self.pending[n] = {
-                "left": {op.name for op in self.worker.ops if not op.node.params.get("loop_internal")},
+                "left": {op.name for op in self.worker.ops},
                 "ops": {},
                 "instances": [],
                 "stores": [],
             }
         return p
 
-    def _snapshot(self, op: Any, n: int, align_s: float = 0.0, held: int = 0) -> None:
+    def _snapshot(self, op: Any, n: int, align_s: float = 0.0, held: int = 0, meta: dict | None = None) -> None:
         t = time.perf_counter()
         if isinstance(op, SinkOp):
             op.precommit(n)
-        meta = op.snapshot_meta()
+        if meta is None:
+            meta = op.snapshot_meta()
         size = 0
         store = self.stores.get(op.name)
         if store is not None and op.frontier == EOS:
@@ -200,6 +206,10 @@ class AbsHooks(WorkerHooks):
         p["left"].discard(op.name)
         sync_s = time.perf_counter() - t
         row = {"operator": op.name, "align_ms": align_s * 1000, "held": held, "sync_ms": sync_s * 1000, "bytes": size}
+        if "backedge_bytes" in meta:
+            row["backedge_bytes"] = meta["backedge_bytes"]
+            row["backedge_records"] = meta["backedge_records"]
+            row["backedge_ms"] = meta.pop("backedge_ms")
         if store is not None:
             p["stores"].append((store, row, time.perf_counter()))
         p["instances"].append(row)
@@ -228,6 +238,9 @@ class AbsHooks(WorkerHooks):
         if n is None:
             op.forward_event(event)
             return
+        if isinstance(op, LoopHead):
+            self._loop_head_barrier(op, channel, n, event)
+            return
         if len(op.inputs) <= 1:
             self._snapshot(op, n)
             op.forward_event(event)
@@ -243,6 +256,34 @@ class AbsHooks(WorkerHooks):
             self._snapshot(op, n, time.perf_counter() - a["t0"], op.held_records)
             op.forward_event(event)
             op.unblock()
+
+    def _loop_head_barrier(self, head: LoopHead, channel: Any, n: int, event: dict) -> None:
+        """A loop head on a cycle, as the ABS paper does it: the barrier on the loop's input
+        takes the head's snapshot and goes into the body; from then on what comes back on each
+        back channel is logged, until the barrier comes back round on it. The snapshot is the
+        head's state and that log. A barrier back from a tail before the head's own (a body
+        without exchanges runs ahead on another worker) blocks its channel until then: what
+        follows it there is after the cut."""
+        early = self.align.setdefault(head.name, {})
+        if head.is_back(channel):
+            if n not in head.cuts:
+                early.setdefault(n, {"chans": set(), "t0": time.perf_counter()})["chans"].add(channel)
+                head.block(channel)
+                return
+            meta = head.cut_barrier(channel, n)
+            if meta is not None:
+                self._snapshot(head, n, meta=meta)
+            return
+        head.start_cut(n)
+        head.forward_event(event)
+        ahead = early.pop(n, None)
+        if ahead is not None:
+            meta = None
+            for chan in ahead["chans"]:
+                meta = head.cut_barrier(chan, n) or meta
+            if meta is not None:
+                self._snapshot(head, n, meta=meta)
+            head.release(ahead["chans"])
 
     def poll(self, worker: Worker) -> None:
         """Acknowledges, oldest first, the checkpoints every instance has snapshotted and whose
@@ -392,14 +433,23 @@ class AbsMode(Mode):
         duration = (time.monotonic() - p["t0"]) * 1000
         size = 0
         stall = 0.0
+        backedge = 0
         for w, a in p["acks"].items():
             for row in a["instances"]:
                 self.instance_rows.append({"checkpoint": n, "worker": w, **row})
                 size += row.get("bytes", 0)
                 stall = max(stall, row.get("align_ms", 0.0))
+                backedge += row.get("backedge_bytes", 0)
         self.read_at[n] = {w: a.get("read", 0) for w, a in p["acks"].items()}
         self.completed_rows.append(
-            {"checkpoint": n, "triggered_at": p["wall"], "duration_ms": duration, "bytes": size, "align_ms_max": stall}
+            {
+                "checkpoint": n,
+                "triggered_at": p["wall"],
+                "duration_ms": duration,
+                "bytes": size,
+                "align_ms_max": stall,
+                "backedge_bytes": backedge,
+            }
         )
         coord.event("checkpoint_completed", checkpoint=n, duration_ms=round(duration, 2), bytes=size)
         coord.broadcast(control.mode_message(AbsOp.COMPLETE, n=n, gen=coord.gen))
@@ -480,6 +530,8 @@ class AbsMode(Mode):
             "checkpoint_ms_p50": pct(0.5),
             "checkpoint_ms_p99": pct(0.99),
             "checkpoint_bytes": sum(r["bytes"] for r in self.completed_rows),
+            "backedge_log_bytes": sum(r["backedge_bytes"] for r in self.completed_rows),
+            "backedge_log_bytes_max": max((r["backedge_bytes"] for r in self.completed_rows), default=0),
             "bytes_persisted": sum(
                 d.get("metrics", {}).get("mode", {}).get("bytes_persisted", 0) for d in coord.done.values()
             ),

@@ -12,8 +12,10 @@ import xxhash
 from nosync.api.pipeline import Node
 from nosync.api.plan import PhysicalPlan
 from nosync.errors import PipelineError
+from nosync.runtime import frames
 from nosync.runtime.keyed import AggregateOp, JoinOp, ReduceOp, StatefulMapOp, WindowOp
-from nosync.runtime.operators import FilterOp, FlatMapOp, IterateOp, KeyByOp, MapOp, Op, UnionOp
+from nosync.runtime.loops import LoopHead, LoopTail
+from nosync.runtime.operators import FilterOp, FlatMapOp, KeyByOp, MapOp, Op, UnionOp
 
 
 def key_hash(key: Any) -> int:
@@ -37,8 +39,9 @@ def partition_of(key: Any, workers: int) -> int:
 def build_ops(
     p: PhysicalPlan, keep: set[int] | None, source_op: Callable, sink_op: Callable, hooks: Any
 ) -> tuple[list[Op], dict[int, Op]]:
-    """One instance of every operator of `p` (or of the nodes in `keep`), in node order, with
-    the loops wired to their iterate operators; the edges are the caller's (`graph_edges`)."""
+    """One instance of every operator of `p` (or of the nodes in `keep`), in node order, each
+    loop's head and tail knowing each other; the edges are the caller's (`graph_edges`, then
+    `finish_loops`)."""
     ops: list[Op] = []
     by_id: dict[int, Op] = {}
     for n in p.pipeline.nodes:
@@ -51,7 +54,9 @@ def build_ops(
         elif n.kind == "join":
             op = JoinOp(n, set())
         elif n.kind == "iterate":
-            op = IterateOp(n, [])
+            op = LoopTail(n)
+        elif n.kind == "loop_entry":
+            op = LoopHead(n)
         else:
             op = make_op(n)
         op.hooks = hooks
@@ -59,28 +64,38 @@ def build_ops(
         if op.track_dirty and isinstance(op, JoinOp):
             # a join's sides only grow: what a batch appended is its update, not its sides
             op.incremental, op.track_dirty = True, False
-        op.align_epochs = hooks.aligns_epochs and n.kind != "loop_entry" and not n.params.get("loop_internal")
+        op.align_epochs = (
+            hooks.aligns_epochs and n.kind not in ("loop_entry", "iterate") and not n.params.get("loop_internal")
+        )
         ops.append(op)
         by_id[n.id] = op
-    for n in p.pipeline.nodes:
-        if n.kind == "iterate" and n.id in by_id:
-            by_id[n.id].wire(by_id[n.params["entry"]], by_id[n.params["exit"]])
     return ops, by_id
 
 
 def graph_edges(p: PhysicalPlan) -> list[Any]:
-    """The edges that carry records between operator instances (the entry of a loop is fed
-    by its iterate operator, not by its edge)."""
-    nodes = p.pipeline.nodes
-    loop_nodes = {i for n in nodes if n.kind == "iterate" for i in n.params["body"]} | {
-        n.params["entry"] for n in nodes if n.kind == "iterate"
-    }
-    return [e for e in p.edges if not (e.dst in loop_nodes and nodes[e.dst].kind == "loop_entry")]
+    """The edges that carry records between operator instances, the loops' back edges included."""
+    return list(p.edges)
 
 
 def edge_channels(e: Any, workers: int) -> list[Any]:
     """The input channels edge `e` gives its consumer: one per sending worker on an exchange."""
     return [("x", e.id, w) for w in range(workers)] if e.exchange else [("f", e.id)]
+
+
+def connect_back_edge(e: Any, tail: LoopTail, head: LoopHead, router: Any = None) -> None:
+    """Connects a loop's back edge `e`: through `router` (a `FeedbackRouter`) when the body
+    crosses workers, else straight to the head of this worker, the records kept decoded from
+    their wire form as a router's would be."""
+    if router is not None:
+        tail.connect_back(router.push, router.marker, router.event)
+        return
+    chan = ("f", e.id)
+    sender = f"operator '{tail.name}' (declared at {tail.node.where})"
+    tail.connect_back(
+        lambda records, epoch, _c: head.push(frames.wire_records(records, sender), epoch, chan),
+        lambda _c, epoch, wm, eos: head.marker(chan, epoch, wm, eos),
+        lambda _c, ev: head.event(chan, ev),
+    )
 
 
 def add_edge_input(dst: Op, e: Any, workers: int) -> None:
@@ -92,11 +107,19 @@ def add_edge_input(dst: Op, e: Any, workers: int) -> None:
             dst.left_channels.add(chan)
 
 
-def finish_loops(p: PhysicalPlan, by_id: dict[int, Op]) -> None:
-    """Gives every loop entry its input from the loop's back edge."""
+def finish_loops(p: PhysicalPlan, by_id: dict[int, Op], max_rounds: int | None = None) -> None:
+    """Introduces every loop's head and tail to each other, and gives the head its back edge
+    and its bound on rounds (iterate's max_iterations, else `max_rounds`)."""
+    back = {e.dst: e.id for e in p.edges if e.feedback}
     for n in p.pipeline.nodes:
-        if n.kind == "loop_entry" and n.id in by_id:
-            by_id[n.id].add_input("loop")
+        if n.kind != "iterate" or n.id not in by_id:
+            continue
+        tail, head = by_id[n.id], by_id[n.params["entry"]]
+        tail.head, head.tail = head, tail
+        head.back_edge = back[head.node.id]
+        head.back_channels = [c for c in head.inputs if head.is_back(c)]
+        head.limit = n.params.get("max_iterations") or max_rounds
+        head.loop_name, head.loop_where = n.name, n.where
 
 
 OPS: dict[str, type[Op]] = {
@@ -105,7 +128,6 @@ OPS: dict[str, type[Op]] = {
     "filter": FilterOp,
     "key_by": KeyByOp,
     "union": UnionOp,
-    "loop_entry": Op,
     "reduce": ReduceOp,
     "aggregate": AggregateOp,
     "stateful_map": StatefulMapOp,

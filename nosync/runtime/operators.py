@@ -283,47 +283,6 @@ class UnionOp(Op):
     pass
 
 
-class IterateOp(Op):
-    """Runs the loop body on a batch until no record is kept (bounded by max_iterations)."""
-
-    def __init__(self, node: Node, body: list[Op]) -> None:
-        super().__init__(node)
-        self.body = body
-        self._collected: list = []
-        self.iterations = 0
-
-    def wire(self, entry: Op, exit_op: Op) -> None:
-        """Sets the loop body's entry operator, and collects what its exit operator emits."""
-        self.entry = entry
-        exit_op.connect(self._collect, lambda *a: None, "loop")
-
-    def _collect(self, records: list, epoch: int, channel: Any) -> None:
-        self._collected.extend(records)
-
-    def process(self, records: list, epoch: int, channel: Any) -> list:
-        """Runs the body on the batch, then on what `keep` keeps, until nothing is kept; returns
-        what left the loop, or fails the run after `max_iterations` rounds."""
-        keep = self.node.params["keep"]
-        limit = self.node.params["max_iterations"]
-        out: list = []
-        pending = records
-        rounds = 0
-        while pending:
-            rounds += 1
-            if rounds > limit:
-                raise RunFailed(
-                    f"operator '{self.name}' (declared at {self.node.where}): {len(pending)} records "
-                    f"still looping after max_iterations={limit}"
-                )
-            self._collected = []
-            self.entry.push(pending, epoch, "loop")
-            pending = []
-            for r in self._collected:
-                (pending if keep(r) else out).append(r)
-        self.iterations += rounds
-        return out
-
-
 class SinkOp(Op):
     """Stages records in the worker's sink part and commits them as the mode says: mode none
     commits each epoch once its frontier passes it (`commit`); a checkpointing mode

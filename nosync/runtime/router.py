@@ -129,3 +129,13 @@ class Router:
         it to the local operator."""
         self._broadcast(frames.EVENT, {"edge": self.edge}, ev)
         self.dst.event(self.local_chan, ev)
+
+
+class FeedbackRouter(Router):
+    """A loop's back edge on one worker: the records its tail keeps go to the head of the same
+    worker (decoded from their wire form, as an exchange's local share is); its reports on
+    each wave and its in-band events go to every worker's head (`marker`, `event`)."""
+
+    def push(self, records: list, epoch: int, _chan: Any) -> None:
+        """The records kept, to this worker's head."""
+        self.dst.push(frames.wire_records(records, self.sender), epoch, self.local_chan)

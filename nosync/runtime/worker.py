@@ -43,11 +43,11 @@ from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
 from nosync.runtime import channels, control, frames
 from nosync.runtime.dead_letters import DeadLetters
-from nosync.runtime.graph import add_edge_input, build_ops, finish_loops, graph_edges
+from nosync.runtime.graph import add_edge_input, build_ops, connect_back_edge, finish_loops, graph_edges
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.links import SETUP_TIMEOUT_S, Links, Rejoin
 from nosync.runtime.operators import EOS, Op, SinkOp, SourceOp
-from nosync.runtime.router import Router
+from nosync.runtime.router import FeedbackRouter, Router
 
 log = logging.getLogger("nosync.runtime.worker")
 
@@ -149,14 +149,19 @@ class Worker(Links):
         self.sinks = [op for op in self.ops if isinstance(op, SinkOp)]
         for e in graph_edges(p):
             src, dst = self.by_id[e.src], self.by_id[e.dst]
-            if e.exchange:
+            if e.feedback:
+                r = FeedbackRouter(self, e.id, src, dst) if e.exchange else None
+                if r is not None:
+                    self.routers.append(r)
+                connect_back_edge(e, src, dst, r)
+            elif e.exchange:
                 r = self.router_class(self, e.id, src, dst)
                 self.routers.append(r)
                 src.connect(r.push, r.marker, None, r.event)
             else:
                 src.connect(dst.push, dst.marker, ("f", e.id), dst.event)
             add_edge_input(dst, e, self.workers)
-        finish_loops(p, self.by_id)
+        finish_loops(p, self.by_id, self.hooks.options.max_rounds)
         self._edge_dst = {r.edge: r.dst for r in self.routers}
 
     def _sink_op(self, n: Any) -> SinkOp:

@@ -12,6 +12,7 @@ import re
 import pytest
 
 import nosync as ns
+from experiments.workloads import reachability
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKLOADS = os.path.join(ROOT, "experiments", "workloads")
@@ -101,6 +102,26 @@ def test_nexmark_window_join(spark, tmp_path, workers):
         (r["auction"], r["window"], r["bids"], r["category"], r["seller"]) for r in committed_jsonl(str(out))
     )
     assert got == expected
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_reachability(spark, tmp_path, workers):
+    """An iterative workload whose loop body is keyed: reaches go round across workers until
+    every reachable vertex is committed, once."""
+    params = {"vertices": "3000"}
+    out = tmp_path / "out"
+    ns.run(
+        os.path.join(WORKLOADS, "reachability.py"),
+        workers=workers,
+        spark=spark,
+        run_dir=str(tmp_path / "run"),
+        epoch_records=500,
+        params={**params, "output": str(out)},
+    )
+    got = collections.Counter(committed_jsonl(str(out)))
+    expected = reachability.reference(params)
+    assert set(got.values()) == {1}, [v for v, n in got.items() if n > 1][:10]
+    assert set(got) == expected
 
 
 def test_keyed_count_with_epochs_cut_by_time(spark, tmp_path):

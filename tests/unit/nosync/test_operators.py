@@ -20,10 +20,11 @@ from support.operators import Collector, source, wire
 import nosync as ns
 from nosync.api.plan import plan
 from nosync.errors import PipelineError, RunFailed
-from nosync.runtime.graph import make_op
+from nosync.runtime.graph import connect_back_edge, finish_loops, make_op
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import JoinOp
-from nosync.runtime.operators import EOS, IterateOp, SinkOp
+from nosync.runtime.loops import LoopHead, LoopTail
+from nosync.runtime.operators import EOS, SinkOp
 from nosync.runtime.worker import Worker
 
 SETTINGS = settings(max_examples=80, deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
@@ -403,52 +404,79 @@ def test_error_downstream_is_reported_by_the_downstream_operator():
 # -- iterate, wired as the worker wires it ---------------------------------------------------
 
 
-def build_loop(p: ns.Pipeline, it_stream: ns.Stream) -> tuple[IterateOp, Collector]:
-    """The operators between the source and the sink, wired as nosync/runtime/worker.py's _build does:
-    the iterate operator feeds its loop_entry, the body's edges are forward, the exit goes back
-    to the iterate operator."""
-    nodes = p.nodes
-    ops = {}
-    for n in nodes:
-        if n.kind in ("source", "sink"):
-            continue
-        ops[n.id] = IterateOp(n, []) if n.kind == "iterate" else make_op(n)
-    it = ops[it_stream.node.id]
-    it.wire(ops[it.node.params["entry"]], ops[it.node.params["exit"]])
-    for e in plan(p, 1).edges:
-        if e.src not in ops or e.dst not in ops or nodes[e.dst].kind == "loop_entry":
-            continue
-        chan = ("f", e.src)
-        ops[e.src].connect(ops[e.dst].push, ops[e.dst].marker, chan)
-        ops[e.dst].add_input(chan)
-    ops[it.node.params["entry"]].add_input("loop")
-    return it, wire(it, inputs=("src",))
+class Loop:
+    """A loop on one worker, wired as nosync/runtime/worker.py's `build` wires it: the head
+    (loop_entry) feeds the body, the body's edges are forward, the exit feeds the tail
+    (iterate), whose back edge goes to the head (directly: one worker) and whose output goes
+    to a Collector. `feed` pushes the loop's input, `close` finishes an epoch of it."""
+
+    def __init__(self, p: ns.Pipeline, it_stream: ns.Stream, max_rounds: int | None = None) -> None:
+        pl = plan(p, 1)
+        nodes = p.nodes
+        ops = {}
+        for n in nodes:
+            if n.kind in ("source", "sink"):
+                continue
+            ops[n.id] = LoopTail(n) if n.kind == "iterate" else LoopHead(n) if n.kind == "loop_entry" else make_op(n)
+        for e in pl.edges:
+            if e.src not in ops or e.dst not in ops:
+                continue
+            src, dst = ops[e.src], ops[e.dst]
+            if e.feedback:
+                assert not e.exchange  # a body without exchanges: the loop stays on its worker
+                connect_back_edge(e, src, dst)
+                dst.add_input(("f", e.id))
+            else:
+                chan = ("f", e.id)
+                src.connect(dst.push, dst.marker, chan)
+                dst.add_input(chan)
+        finish_loops(pl, ops, max_rounds)
+        self.tail = ops[it_stream.node.id]
+        self.head = self.tail.head
+        self.out = Collector()
+        self.tail.connect(self.out.push, self.out.marker, "out")
+        self.head.add_input("src")
+
+    def feed(self, records: list, epoch: int) -> None:
+        self.head.push(records, epoch, "src")
+
+    def close(self, epoch: int) -> None:
+        self.head.marker("src", epoch, None, epoch == EOS)
 
 
-def loop_pipeline(body, keep, max_iterations=1000, name="loop"):
+def loop_pipeline(body, keep, max_iterations=None, name="loop"):
     p = ns.Pipeline("p")
     it = source(p).iterate(body, keep=keep, max_iterations=max_iterations, name=name)
     it.sink(ns.sinks.Console())
     return p, it
 
 
+def halving_rounds(n: int) -> tuple[int, int]:
+    """What halving n leaves the loop as, and the passes through the body it takes (a model)."""
+    x, r = n // 2, 1
+    while x > 1:
+        x, r = x // 2, r + 1
+    return x, r
+
+
 @SETTINGS
 @given(batches=st.lists(st.lists(st.integers(0, 300), max_size=6), max_size=5))
 def test_iterate_halving(batches):
     p, it_stream = loop_pipeline(lambda s: s.map(lambda n: n // 2), keep=lambda n: n > 1)
-    it, out = build_loop(p, it_stream)
-
-    def rounds(n: int) -> tuple[int, int]:
-        x, r = n // 2, 1
-        while x > 1:
-            x, r = x // 2, r + 1
-        return x, r
-
+    loop = Loop(p, it_stream)
     for epoch, batch in enumerate(batches):
-        it.push(batch, epoch, "src")
-    assert collections.Counter(out.records) == collections.Counter(rounds(n)[0] for b in batches for n in b)
-    assert it.iterations == sum(max((rounds(n)[1] for n in b), default=0) for b in batches)
-    assert [e for _, e in out.batches] == [e for e, b in enumerate(batches) if b]
+        loop.feed(batch, epoch)
+        loop.close(epoch)
+    assert collections.Counter(loop.out.records) == collections.Counter(
+        halving_rounds(n)[0] for b in batches for n in b
+    )
+    # each epoch goes round until a round keeps nothing: as many passes as its longest record
+    # takes (one pass for an epoch without records)
+    assert loop.head.waves == sum(max((halving_rounds(n)[1] for n in b), default=1) for b in batches)
+    # records leave tagged with their epoch, epochs in order, each epoch marked finished after its records
+    assert [e for _, e in loop.out.batches] == sorted(e for _, e in loop.out.batches)
+    assert {e for _, e in loop.out.batches} == {e for e, b in enumerate(batches) if b}
+    assert [m[0] for m in loop.out.markers] == list(range(len(batches)))
 
 
 def test_iterate_with_fan_out_and_filter():
@@ -456,7 +484,7 @@ def test_iterate_with_fan_out_and_filter():
         return s.flat_map(lambda n: [n - 1, n - 2]).filter(lambda n: n >= 0)
 
     p, it_stream = loop_pipeline(body, keep=lambda n: n > 1)
-    it, out = build_loop(p, it_stream)
+    loop = Loop(p, it_stream)
 
     def leaves(n: int) -> list[int]:
         res = []
@@ -465,20 +493,35 @@ def test_iterate_with_fan_out_and_filter():
                 res.extend(leaves(m) if m > 1 else [m])
         return res
 
-    it.push([5, 0, 9], 0, "src")
+    loop.feed([5, 0, 9], 0)
+    loop.close(EOS)
     expected = leaves(5) + leaves(0) + leaves(9)
-    assert collections.Counter(out.records) == collections.Counter(expected)
+    assert collections.Counter(loop.out.records) == collections.Counter(expected)
     assert len(expected) == 8 + 0 + 55  # fib(6) + 0 + fib(10): records of 0 and 1 leave
+    assert loop.out.markers == [(EOS, None, True)]
+
+
+def test_a_later_epoch_waits_at_the_head_until_the_loop_has_finished_the_earlier():
+    p, it_stream = loop_pipeline(lambda s: s.map(lambda n: n - 1), keep=lambda n: n > 0)
+    loop = Loop(p, it_stream)
+    loop.feed([3], 0)  # round 0 of epoch 0: 3 -> 2, kept
+    loop.feed([1], 2)  # epoch 2 waits
+    assert loop.out.records == [] and loop.head.held == [[2, [1]]]
+    loop.close(1)  # epoch 0 goes round (2 -> 1 -> 0); no record of epoch 1; epoch 2 starts: 1 -> 0 leaves
+    assert loop.out.batches == [([0], 0), ([0], 2)]
+    assert loop.out.markers == [(1, None, False)]  # epoch 2 is open until its input is finished
+    loop.close(EOS)
+    assert loop.out.markers == [(1, None, False), (EOS, None, True)]
 
 
 def test_iterate_forwards_markers():
     p, it_stream = loop_pipeline(lambda s: s.map(abs), keep=lambda n: False)
-    it, out = build_loop(p, it_stream)
-    it.push([-1, 2], 0, "src")
-    it.marker("src", 0, None, False)
-    it.marker("src", 1, None, True)
-    assert out.batches == [([1, 2], 0)]
-    assert out.markers == [(0, None, False), (EOS, None, True)]
+    loop = Loop(p, it_stream)
+    loop.feed([-1, 2], 0)
+    loop.close(0)
+    loop.close(EOS)
+    assert loop.out.batches == [([1, 2], 0)]
+    assert loop.out.markers == [(0, None, False), (EOS, None, True)]
 
 
 def test_iterate_max_iterations_fails_the_run():
@@ -487,25 +530,38 @@ def test_iterate_max_iterations_fails_the_run():
     line = next_line()
     it_stream = s.iterate(lambda b: b.map(lambda n: n + 1), keep=lambda n: n > 0, max_iterations=3, name="spin")
     it_stream.sink(ns.sinks.Console())
-    it, out = build_loop(p, it_stream)
-    it.push([-5, -2], 0, "src")  # each leaves after one round
-    assert out.records == [-4, -1]
+    loop = Loop(p, it_stream)
+    loop.feed([-5, -2], 0)  # each leaves after one pass
+    loop.close(0)
+    assert loop.out.records == [-4, -1]
+    loop.feed([-1, 7], 1)  # 7 keeps growing
     with pytest.raises(RunFailed) as ei:
-        it.push([-1, 7], 1, "src")  # 7 keeps growing
+        loop.close(1)
     msg = str(ei.value)
     assert "'spin'" in msg and f"{THIS_FILE}:{line}" in msg
-    assert "max_iterations=3" in msg
-    assert "1 records still looping" in msg
+    assert "did not converge" in msg and "3 rounds" in msg
 
 
 def test_iterate_max_iterations_is_the_exact_bound():
     p, it_stream = loop_pipeline(lambda s: s.map(lambda n: n - 1), keep=lambda n: n > 0, max_iterations=3)
-    it, out = build_loop(p, it_stream)
-    it.push([3, 1, 2], 0, "src")  # 3 needs exactly 3 rounds
-    assert out.records == [0, 0, 0]
-    assert it.iterations == 3
-    with pytest.raises(RunFailed, match="max_iterations=3"):
-        it.push([4], 1, "src")
+    loop = Loop(p, it_stream)
+    loop.feed([3, 1, 2], 0)  # 3 needs exactly 3 passes
+    loop.close(0)
+    assert loop.out.records == [0, 0, 0]
+    loop.feed([4], 1)
+    with pytest.raises(RunFailed, match="3 rounds"):
+        loop.close(1)
+
+
+def test_the_run_option_bounds_a_loop_without_its_own_bound():
+    p, it_stream = loop_pipeline(lambda s: s.map(lambda n: n - 1), keep=lambda n: n > 0)
+    loop = Loop(p, it_stream, max_rounds=2)
+    loop.feed([2], 0)
+    loop.close(0)
+    assert loop.out.records == [0]
+    loop.feed([3], 1)
+    with pytest.raises(RunFailed, match="'loop'.*2 rounds"):
+        loop.close(1)
 
 
 def test_iterate_body_error_names_the_body_operator():
@@ -519,14 +575,27 @@ def test_iterate_body_error_names_the_body_operator():
 
     it_stream = s.iterate(body, keep=lambda n: n > 1, name="loop")
     it_stream.sink(ns.sinks.Console())
-    it, out = build_loop(p, it_stream)
-    it.push([20], 0, "src")  # 10 // 20 = 0 leaves the loop
-    assert out.records == [0]
+    loop = Loop(p, it_stream)
+    loop.feed([20], 0)  # 10 // 20 = 0 leaves the loop
+    assert loop.out.records == [0]
     with pytest.raises(RunFailed) as ei:
-        it.push([0], 1, "src")
+        loop.feed([0], 0)
     msg = str(ei.value)
     assert "'divide'" in msg and f"{THIS_FILE}:{body_lines[0]}" in msg
     assert "ZeroDivisionError" in msg
+
+
+def test_a_keep_predicate_that_raises_names_the_loop_and_its_line():
+    p = ns.Pipeline("p")
+    s = source(p)
+    line = next_line()
+    it_stream = s.iterate(lambda b: b.map(lambda n: n), keep=lambda n: 1 // n > 0, name="picky")
+    it_stream.sink(ns.sinks.Console())
+    loop = Loop(p, it_stream)
+    with pytest.raises(RunFailed) as ei:
+        loop.feed([0], 0)
+    msg = str(ei.value)
+    assert "'picky'" in msg and f"{THIS_FILE}:{line}" in msg and "keep" in msg and "ZeroDivisionError" in msg
 
 
 # -- sink operator ---------------------------------------------------------------------------

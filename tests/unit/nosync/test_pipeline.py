@@ -15,6 +15,7 @@ import pytest
 
 import nosync as ns
 from nosync.api.loader import load_pipeline
+from nosync.api.plan import plan
 from nosync.errors import PipelineError
 
 THIS_FILE = __file__
@@ -328,27 +329,51 @@ def test_iterate_body_reading_an_outside_stream_names_the_reading_operator():
     assert_names(ei.value, "mix", body_lines[0])
 
 
-def test_iterate_body_with_key_by_is_refused():
-    s = numbers(ns.Pipeline("p"))
-    with pytest.raises(PipelineError) as ei:
-        line = next_line()
-        s.iterate(lambda b: b.key_by(str).reduce(max), keep=bool, name="keyed_loop")
-    assert "key_by" in str(ei.value)
-    assert_names(ei.value, "keyed_loop", line)
+def test_iterate_body_may_hold_keyed_operators_and_the_plan_closes_the_loop():
+    p = ns.Pipeline("p")
+    s = numbers(p)
+    out = s.iterate(lambda b: b.key_by(str).reduce(max, name="peak"), keep=bool, name="keyed_loop")
+    out.sink(ns.sinks.Console())
+    pl = plan(p, 3)
+    it = out.node
+    peak = p.node("peak")
+    assert it.inputs == (peak.id,)
+    into_peak = [e for e in pl.edges if e.dst == peak.id]
+    assert [e.exchange for e in into_peak] == [True]  # records go round through the key's worker
+    back = [e for e in pl.edges if e.feedback]
+    assert [(e.src, e.dst) for e in back] == [(it.id, it.params["entry"])]
+    assert all(not e.feedback for e in pl.forward_edges + pl.exchange_edges)
 
 
-def test_iterate_body_with_sink_is_refused():
+def test_iterate_body_with_sink_is_refused_naming_the_sink():
     s = numbers(ns.Pipeline("p"))
+    lines = []
 
     def body(b):
-        b.sink(ns.sinks.Console())
+        lines.append(next_line())
+        b.sink(ns.sinks.Console(), name="inner")
         return b.map(abs)
 
     with pytest.raises(PipelineError) as ei:
-        line = next_line()
         s.iterate(body, keep=bool, name="sinky")
-    assert "sink" in str(ei.value)
-    assert_names(ei.value, "sinky", line)
+    assert "sink" in str(ei.value) and "'sinky'" in str(ei.value)
+    assert_names(ei.value, "inner", lines[0])
+
+
+def test_iterate_body_with_a_source_is_refused_naming_the_source():
+    p = ns.Pipeline("p")
+    s = numbers(p)
+    lines = []
+
+    def body(b):
+        lines.append(next_line())
+        other = p.source(ns.sources.Generator(records=3), name="inner_source")
+        return b.union(other)
+
+    with pytest.raises(PipelineError) as ei:
+        s.iterate(body, keep=bool, name="sourcy")
+    assert "source" in str(ei.value)
+    assert_names(ei.value, "inner_source", lines[0])
 
 
 def test_iterate_body_must_return_a_stream():
@@ -370,7 +395,8 @@ def test_valid_iterate_records_entry_body_and_exit():
     assert kinds[it.params["entry"]] == "loop_entry"
     assert [kinds[i] for i in it.params["body"]] == ["map", "filter"]
     assert kinds[it.params["exit"]] == "filter"
-    assert it.inputs == (s.node.id,)
+    assert it.inputs == (it.params["exit"],)
+    assert p.nodes[it.params["entry"]].inputs == (s.node.id,)
 
 
 # -- the pipeline-file loader ----------------------------------------------------------------
