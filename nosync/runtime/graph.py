@@ -108,14 +108,15 @@ def add_edge_input(dst: Op, e: Any, workers: int) -> None:
 
 
 def finish_loops(p: PhysicalPlan, by_id: dict[int, Op], max_rounds: int | None = None) -> None:
-    """Introduces every loop's head and tail to each other, and gives the head its back edge
-    and its bound on rounds (iterate's max_iterations, else `max_rounds`)."""
+    """Gives every loop's head its back edge and its bound on rounds (iterate's max_iterations,
+    else `max_rounds`)."""
     back = {e.dst: e.id for e in p.edges if e.feedback}
     for n in p.pipeline.nodes:
-        if n.kind != "iterate" or n.id not in by_id:
+        if n.kind != "iterate":
             continue
-        tail, head = by_id[n.id], by_id[n.params["entry"]]
-        tail.head, head.tail = head, tail
+        head = by_id.get(n.params["entry"])
+        if head is None:
+            continue  # a batch job's stage holds the tail alone
         head.back_edge = back[head.node.id]
         head.back_channels = [c for c in head.inputs if head.is_back(c)]
         head.limit = n.params.get("max_iterations") or max_rounds

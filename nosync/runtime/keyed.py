@@ -315,7 +315,9 @@ class WindowOp(KeyedOp):
         size = self.node.params["size"]
         out = []
         final = epoch == EOS
-        if not final and wm is None:
+        if not final and (wm is None or self.node.params.get("loop_internal")):
+            # inside a loop, markers carry the loop's progress, not event time: windows close
+            # at the end of input
             return
         dirty = self.dirty if self.track_dirty else None
         # in key order, not arrival order: a restored instance emits the same output

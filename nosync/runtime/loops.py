@@ -8,26 +8,30 @@ record goes round through the workers that own its keys; the back edge itself st
 worker, and carries to every worker's head only the tails' progress and in-band events.
 
 Progress, round by round (timely style: the round is a loop counter added to the epoch).
-The loop works on one epoch at a time, the same on every worker, in *waves*: wave L is one
-pass of the records of round r of epoch e through the body, and the body's operators see L
-as their epoch, so their ordinary markers say when a wave has passed them everywhere.
+The loop works on one epoch at a time, the same on every worker, in *waves*: wave (e, r) is one
+pass of the records of round r of epoch e through the body. The body's operators see the wave
+as their epoch, `e << ROUND_BITS | r`, so their ordinary markers say when a wave has passed
+them everywhere, and the watermark the head puts on its markers (the least epoch its input may
+still bring, `next_epoch`) reaches every tail as the least over the heads.
 
 - Round 0 of epoch e admits the loop's input of epoch e as it comes; the head closes the wave
-  (its marker L into the body) once its input has finished e. Input of a later epoch waits at
+  (its marker into the body) once its input has finished e. Input of a later epoch waits at
   the head.
-- When the body's exit has finished wave L on worker v, v's tail tells every head, over the
-  back edge: whether it kept any record in wave L, and the least epoch v's input may still
-  bring (`next_epoch`).
-- A head that has heard from every tail about wave L knows what every other head knows. If
-  any tail kept a record, round r + 1 starts as wave L + 1: each head feeds the body what its
-  tail kept, and closes the wave at once. If none did, no record of epoch e remains anywhere:
-  every tail's marker downstream says so, and epoch e' (the least `next_epoch`, so that no
-  empty epoch costs a wave) starts at wave L + 1. When e' is the end of input, the loop ends.
+- When the body's exit has finished a wave on worker v, v's tail tells every head, over the
+  back edge: whether it kept any record in that wave, and the watermark.
+- A head that has heard from every tail about the wave knows what every other head knows. If
+  any tail kept a record, round r + 1 starts: each head feeds the body what its tail kept, and
+  closes the wave at once. If none did, no record of epoch e remains anywhere: the heads mark
+  the body with the last wave an epoch before e' could have (e' the least epoch the heads'
+  inputs may still bring, so that no empty epoch costs a wave), which tells every tail to
+  mark epoch e' - 1 finished downstream, and round 0 of e' starts. When e' is the end of
+  input, the loop ends.
 
-Records leave the loop tagged with the epoch being worked on, so epochs leave it in order, and
+Records leave the loop tagged with the epoch of their wave, so epochs leave it in order, and
 an epoch is never marked finished downstream while a record of it still goes round. A loop
 still going round after `max_iterations` rounds of one epoch (else the run's --max-rounds)
-fails the run, naming it.
+fails the run, naming it. The head and the tail share nothing but the body and the back edge,
+so a batch job can run them in different stages.
 
 Nothing waits on the back edge: what the tail keeps is appended to the head's pending list, and
 a head that starts a wave from inside another (a body without exchanges goes round at once)
@@ -54,6 +58,15 @@ from nosync.runtime.operators import EOS, Op
 
 RECORDS, MARK = 0, 1
 """What a back-edge log item is: records kept on this worker, or a tail's report."""
+ROUND_BITS = 20
+ROUNDS = (1 << ROUND_BITS) - 1
+"""The body's epoch of wave (e, r) is e << ROUND_BITS | r; round ROUNDS of no epoch is run:
+the marker of it says every wave of epochs <= e is done."""
+
+
+def wave_of(epoch: int, round_: int) -> int:
+    """The body's epoch of round `round_` of `epoch`."""
+    return (epoch << ROUND_BITS) | round_
 
 
 class LoopHead(Op):
@@ -61,7 +74,6 @@ class LoopHead(Op):
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
-        self.tail: LoopTail | None = None
         self.back_edge: int | None = None
         self.back_channels: list = []
         """The back edge's channels: one per worker when the body crosses workers, else one."""
@@ -167,9 +179,10 @@ class LoopHead(Op):
             self._busy = False
             self.busy_s += time.perf_counter() - t
 
-    def _mark_body(self, epoch: int) -> None:
+    def _mark_body(self, wave: int) -> None:
+        wm = None if wave == EOS else self.next_epoch()
         for _, mark, _, chan in self.targets:
-            mark(chan, epoch, None, epoch == EOS)
+            mark(chan, wave, wm, wave == EOS)
 
     def _step(self) -> None:
         if self.finished:
@@ -187,25 +200,26 @@ class LoopHead(Op):
             self.rounds += 1
             self.round_max = max(self.round_max, self.round)
             limit = self.limit
-            if limit is not None and self.round >= limit:
+            if (limit is not None and self.round >= limit) or self.round >= ROUNDS:
                 raise RunFailed(
                     f"loop '{self.loop_name}' (declared at {self.loop_where}) did not converge: records of "
-                    f"epoch {self.epoch} still going round after {limit} rounds (max_iterations / --max-rounds)"
+                    f"epoch {self.epoch} still going round after {self.round} rounds (max_iterations / --max-rounds)"
                 )
-            self.wave += 1
+            self.wave = wave_of(self.epoch, self.round)
             recs, self.pending = self.pending, []
             self.emit(recs, self.wave)
             self._mark_body(self.wave)
             return
         nxt = min(n for _, n in got.values())
-        self.tail.epoch_done(EOS if nxt >= EOS else nxt - 1)
-        self.wave += 1
         if nxt >= EOS:
             self.finished = True
             self.frontier = EOS
             self._mark_body(EOS)
             return
+        # every wave of the epochs before nxt is done: the tails mark nxt - 1 finished downstream
+        self._mark_body(wave_of(nxt - 1, ROUNDS))
         self.epoch, self.round, self.open = nxt, 0, True
+        self.wave = wave_of(nxt, 0)
         self.last_epoch = max(self.last_epoch, nxt)
         now = [r for e, r in self.held if e <= nxt]
         self.held = [h for h in self.held if h[0] > nxt]
@@ -293,12 +307,11 @@ class LoopHead(Op):
 
 class LoopTail(Op):
     """The iterate operator: applies `keep` to what the body emits, sends the records kept and its
-    reports on each wave back to the heads, and the rest downstream."""
+    reports on each wave back to the heads, and the rest downstream, tagged with their epoch."""
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
         self.keep = node.params["keep"]
-        self.head: LoopHead | None = None
         self.back: tuple[Callable, Callable, Callable] | None = None
         self.kept = 0
         self.kept_total = 0
@@ -308,8 +321,8 @@ class LoopTail(Op):
         self.back = (push, marker, event)
 
     def push(self, records: list, epoch: int, channel: Any) -> None:
-        """Records kept go back to the head; the others leave the loop, tagged with its epoch; a
-        `keep` that raises fails the run, naming the loop."""
+        """Records kept go back to the head; the others leave the loop, tagged with the epoch of
+        their wave; a `keep` that raises fails the run, naming the loop."""
         if self.blocked and channel in self.blocked:
             super().push(records, epoch, channel)
             return
@@ -332,26 +345,35 @@ class LoopTail(Op):
             self.kept_total += len(kept)
             self.back[0](kept, epoch, None)
         if out:
-            e = self.head.epoch
-            if e > self.last_epoch:
-                self.last_epoch = e
-            self.emit(out, self.last_epoch)
+            e = epoch >> ROUND_BITS if epoch != EOS else self.last_epoch
+            # never an epoch already marked finished downstream (a window in the body closes at
+            # the end of input, after the last wave)
+            e = max(e, self.last_epoch, self.frontier + 1 if self.frontier != EOS else e)
+            self.last_epoch = e
+            self.emit(out, e)
 
     def marker(self, channel: Any, epoch: int, wm: Any, eos: bool) -> None:
-        """The body finished wave `epoch` here: tells every head whether anything was kept in it."""
+        """The body finished a wave here: tells every head whether anything was kept in it; or
+        it finished every wave of an epoch: marks that epoch finished downstream."""
         if self.blocked and channel in self.blocked:
             super().marker(channel, epoch, wm, eos)
             return
         self.inputs[channel] = EOS if eos else epoch
         if eos:
+            self._downstream(EOS)
             self.back[1](None, EOS, None, True)
             return
-        report = [self.kept > 0, self.head.next_epoch()]
+        if epoch & ROUNDS == ROUNDS:
+            self._downstream(epoch >> ROUND_BITS)
+            return
+        report = [self.kept > 0, EOS if wm is None else wm]
         self.kept = 0
         self.back[1](None, epoch, report, False)
 
-    def epoch_done(self, upto: int) -> None:
+    def _downstream(self, upto: int) -> None:
         """No record of epochs <= `upto` remains in the loop anywhere: the marker downstream."""
+        if upto <= self.frontier:
+            return
         self.frontier = upto
         if upto != EOS and upto > self.last_epoch:
             self.last_epoch = upto

@@ -60,9 +60,11 @@ from nosync.runtime.graph import graph_edges
 from nosync.spark.session import get_spark
 from nosync.spark.tasks import (
     ERROR,
+    HERE,
     SCHEMA,
     STATS,
     echo,
+    loop_blocks,
     sources_task,
     stage_task,
     stages,
@@ -186,6 +188,67 @@ def load_states(dump_dir: str, worker: int) -> dict:
     return out
 
 
+def run_rounds(
+    spark: Any,
+    spec: dict,
+    p: Any,
+    stage: dict[int, int],
+    a: int,
+    b: int,
+    back: list[int],
+    outputs: list,
+    stage_input: Any,
+    collect: Any,
+    state: list,
+    rounds: list,
+) -> list:
+    """Stages a..b, which hold loops whose body crosses workers, as rounds of jobs: round 0
+    takes what earlier stages sent them; each later round takes what the tails sent back in
+    the one before (the records kept and the tails' reports, the loops' back edges), its
+    operators starting as the round before left them, until a round sends nothing back.
+    Returns the rounds' outputs, for the stages after b."""
+    from pyspark.sql import functions as F  # lazy: see `_slots`
+
+    workers = spec["workers"]
+    entry = {}
+    for e in graph_edges(p):
+        st = stage[e.dst]
+        if a <= st <= b:
+            entry.setdefault(st, e.id)
+    here = spark.createDataFrame(
+        [(w, entry[st], w, 0, HERE, -1, b"") for st in range(a, b + 1) if st in entry for w in range(workers)],
+        SCHEMA,
+    ).localCheckpoint(eager=True)
+    os.makedirs(spec["rounds_dir"], exist_ok=True)
+    produced: list = []
+    latest: dict[int, list] = {}
+    came_back = None
+    k = 0
+    while True:
+        this_round: dict[int, Any] = {}
+        for st in range(a, b + 1):
+            st_entry = entry.get(st)
+            extra = [here.where(here.edge == st_entry)] if st_entry is not None else []
+            if st == a and came_back is not None:
+                extra.append(came_back)
+            earlier = (outputs if k == 0 else []) + list(this_round.values())
+            out = stage_input(st, earlier, extra).mapInArrow(stage_task(spec, st, k), SCHEMA)
+            out = out.localCheckpoint(eager=False)
+            got = collect(out, st)
+            if got:
+                latest[st] = got  # the state asked for, as this round left it
+            this_round[st] = out
+        produced.extend(this_round.values())
+        came_back = this_round[b].where(F.col("edge").isin(back)).localCheckpoint(eager=True)
+        k += 1
+        if came_back.limit(1).count() == 0:
+            break
+    rounds.append(k)
+    for got in latest.values():
+        state.extend(got)
+    return produced
+
+
 def run_jobs(
     pipeline_file: str,
     params: dict | None,
@@ -235,28 +298,32 @@ def run_jobs(
         spark = get_spark(master, workers, app="nosync-batch")
     t0 = time.time()
     outputs: list[Any] = []
-    rows = []
+    rows: list = []
+    rounds: list = []
     stage_s = []
     totals = {"read": 0, "committed": 0}
     state: list = []
     ids = spark.range(0, workers, 1, workers)
     slot = _slots(spark, workers)
-    for s in range(last + 1):
-        ts = time.time()
-        if s == 0:
-            out = ids.mapInArrow(sources_task(spec), SCHEMA)
-        else:
-            into = [e.id for e in graph_edges(p) if stage[e.dst] == s and stage[e.src] < s]
-            parts = [df.where(df.edge.isin(into)) for df in outputs]
-            df = parts[0]
-            for more in parts[1:]:
-                df = df.unionAll(more)
-            df = df.withColumn("slot", slot).repartition(workers, "slot").drop("slot")
-            df = df.sortWithinPartitions("dest", "epoch", "src", "edge", "seq")
-            out = df.mapInArrow(stage_task(spec, s), SCHEMA)
-        if s < last:
-            # materialized by the first action below, once: later stages read it, never rerun it
-            out = out.localCheckpoint(eager=False)
+    blocks = {a: (b, back) for a, b, back in loop_blocks(p, stage)}
+    if want is not None:
+        for a, (b, _) in blocks.items():
+            if a <= last <= b:
+                last = b  # the operator is in a loop's stages: its state is what the last round leaves
+    spec["rounds_dir"] = os.path.join(os.path.abspath(run_dir), "_rounds")
+
+    def stage_input(s: int, earlier: list, extra: list) -> Any:
+        into = [e.id for e in graph_edges(p) if stage[e.dst] == s and stage[e.src] < s and not e.feedback]
+        parts = [df.where(df.edge.isin(into)) for df in earlier] + extra
+        df = parts[0]
+        for more in parts[1:]:
+            df = df.unionAll(more)
+        df = df.withColumn("slot", slot).repartition(workers, "slot").drop("slot")
+        return df.sortWithinPartitions("dest", "epoch", "src", "edge", "seq")
+
+    def collect(out: Any, s: int) -> list:
+        """Raises a task's error, adds up the stats; returns the state rows."""
+        got = []
         totals["rows"] = 0
         for kind, data in out.where(out.edge < 0).select("kind", "data").collect():
             if kind == STATS:
@@ -267,12 +334,33 @@ def run_jobs(
                 what = f"stage {s} of the batch jobs: {e['text']}"
                 raise NosyncError(what) if e["usage"] else RunFailed(what)
             else:
-                state.append(tuple(codec.unpack(data)))
+                got.append(tuple(codec.unpack(data)))
         rows.append(totals.pop("rows"))
+        return got
+
+    s = 0
+    while s <= last:
+        ts = time.time()
+        if s in blocks:
+            b, back = blocks[s]
+            outputs.extend(run_rounds(spark, spec, p, stage, s, b, back, outputs, stage_input, collect, state, rounds))
+            stage_s.append(time.time() - ts)
+            s = b + 1
+            continue
+        if s == 0:
+            out = ids.mapInArrow(sources_task(spec), SCHEMA)
+        else:
+            out = stage_input(s, outputs, []).mapInArrow(stage_task(spec, s), SCHEMA)
+        if s < last:
+            # materialized by the first action below, once: later stages read it, never rerun it
+            out = out.localCheckpoint(eager=False)
+        state.extend(collect(out, s))
         outputs.append(out)
         stage_s.append(time.time() - ts)
+        s += 1
     return {
         "stages": last + 1,
+        "loop_rounds": rounds,
         "rows": rows,
         "stage_s": stage_s,
         "seconds": time.time() - t0,

@@ -15,7 +15,14 @@ from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import BadRecord, NosyncError, RunFailed
 from nosync.runtime import frames
 from nosync.runtime.dead_letters import DeadLetters
-from nosync.runtime.graph import add_edge_input, build_ops, finish_loops, graph_edges, partition_of
+from nosync.runtime.graph import (
+    add_edge_input,
+    build_ops,
+    connect_back_edge,
+    finish_loops,
+    graph_edges,
+    partition_of,
+)
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.operators import EOS, SinkOp, SourceOp
@@ -34,18 +41,46 @@ restored run can leave a destination nothing else: its inputs ended before the c
 
 
 def stages(p: PhysicalPlan) -> dict[int, int]:
-    """node id -> its stage."""
-    edges = graph_edges(p)
+    """node id -> its stage: the greatest number of stage boundaries on a path to it from a
+    source, a boundary being an exchange, or the way into or out of a loop whose body crosses
+    workers (such a loop's stages run again round after round, `loop_blocks`, and nothing
+    else is downstream of it in them). Back edges are left out: they go to an earlier stage."""
+    heads = {e.dst for e in p.edges if e.feedback and e.exchange}
+    tails = {e.src for e in p.edges if e.feedback and e.exchange}
+    edges = p.forward_edges
     stage = {n.id: 0 for n in p.pipeline.nodes}
     changed = True
     while changed:
         changed = False
         for e in edges:
-            s = stage[e.src] + (1 if e.exchange else 0)
+            s = stage[e.src] + (1 if e.exchange or e.dst in heads or e.src in tails else 0)
             if s > stage[e.dst]:
                 stage[e.dst] = s
                 changed = True
     return stage
+
+
+def round_nodes(p: PhysicalPlan) -> set[int]:
+    """The operators of the loops whose body crosses workers: head, body, tail."""
+    out: set[int] = set()
+    for n in p.pipeline.nodes:
+        if n.kind == "iterate" and any(e.feedback and e.exchange and e.src == n.id for e in p.edges):
+            out |= {n.id, n.params["entry"], *n.params["body"]}
+    return out
+
+
+def loop_blocks(p: PhysicalPlan, stage: dict[int, int]) -> list[tuple[int, int, list[int]]]:
+    """The stages that run round after round: for each loop whose body crosses workers, from
+    its head's stage to its tail's, with its back edge; overlapping ranges are merged."""
+    blocks: list[list] = []
+    for e in sorted((e for e in p.edges if e.feedback and e.exchange), key=lambda e: stage[e.dst]):
+        a, b = stage[e.dst], stage[e.src]
+        if blocks and a <= blocks[-1][1]:
+            blocks[-1][1] = max(blocks[-1][1], b)
+            blocks[-1][2].append(e.id)
+        else:
+            blocks.append([a, b, [e.id]])
+    return [(a, b, ids) for a, b, ids in blocks]
 
 
 def _pack_forward(records: list, sender: str) -> bytes:
@@ -143,6 +178,10 @@ class _Capture:
 
     def push(self, records: list, epoch: int, _chan: Any) -> None:
         h = self.host
+        if self.edge.feedback:
+            # a loop's back edge: the records kept go back to the head of their own worker
+            self._row(h.index, DATA, epoch, frames.pack_records(records, self.sender))
+            return
         if not self.edge.exchange:
             # a forward edge hands records over as they are in a streaming worker: lists stay lists
             self._row(h.index, DATA, epoch, _pack_forward(records, self.sender))
@@ -204,13 +243,16 @@ class _Switch:
         self.new.connect(*args)
 
 
-def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> tuple[list, dict]:
+def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host, k: int = 0) -> tuple[list, dict]:
     """The operators of stage `s` on `host`, wired: forward edges inside the stage call
     through, edges leaving it go to captures, edges entering it get their channels. For a
     rewind, `p` is the new pipeline: in the cone its instances take over from the original's
     at the rewind's epoch, and its sinks write everything; elsewhere the original pipeline
-    runs, and its sinks write nothing."""
+    runs, and its sinks write nothing. In round `k` > 0 of a loop's jobs, only the loops'
+    operators run: the others of the stage took all their input in round 0."""
     keep = {i for i, st in stage.items() if st == s}
+    if k:
+        keep &= round_nodes(p)
     run_id = host.spec["run_id"]
     rewind = host.spec.get("rewind")
     dry = host.spec.get("state_of") is not None or host.spec.get("dump_dir") is not None
@@ -253,7 +295,14 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host) -> 
         ]
     for e in graph_edges(p):
         src, dst = by_id.get(e.src), by_id.get(e.dst)
-        if src is not None and dst is not None and not e.exchange:
+        if e.feedback:
+            if src is not None and dst is not None and not e.exchange:
+                connect_back_edge(e, src, dst)
+            elif src is not None:
+                # the body crosses workers: what goes back round is for the loop's next round of jobs
+                cap = _Capture(host, e, src)
+                src.connect_back(cap.push, cap.marker, cap.event)
+        elif src is not None and dst is not None and not e.exchange:
             src.connect(dst.push, dst.marker, ("f", e.id), dst.event)
         elif src is not None:
             cap = _Capture(host, e, src)
@@ -339,22 +388,48 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
         op.restore_meta(meta)
 
 
-def _close(ops: list, host: _Host, s: int) -> None:
+def _dump(ops: list, path: str) -> None:
+    """Every operator of `ops` as it stands (meta and keyed state, saved), to `path`."""
+    body = {
+        op.name: {
+            "meta": op.snapshot_meta(),
+            "keyed": op.saved_state() if isinstance(op, KeyedOp) else None,
+        }
+        for op in ops
+    }
+    with open(path + ".tmp", "wb") as f:
+        f.write(codec.pack(body))
+    os.replace(path + ".tmp", path)
+
+
+def round_path(spec: dict, worker: int, s: int, k: int) -> str:
+    """Where round `k` of a loop's jobs leaves stage `s` of `worker`, for round k + 1."""
+    return os.path.join(spec["rounds_dir"], f"w{worker}-s{s}-r{k}.msgpack")
+
+
+def _resume_round(host: _Host, ops: list, s: int, k: int) -> None:
+    """Round `k` > 0 of a loop's jobs: the operators of the stage as round k - 1 left them."""
+    saved = codec.read_file(round_path(host.spec, host.index, s, k - 1))
+    for op in ops:
+        got = saved.get(op.name)
+        if got is None:
+            continue
+        op.restore_meta(got["meta"])
+        if isinstance(op, KeyedOp) and got["keyed"] is not None:
+            op.restore_keyed(got["keyed"], host.keepalive)
+
+
+def _close(ops: list, host: _Host, s: int, k: int | None = None) -> None:
     stats: dict[str, int] = {"read": 0, "committed": 0}
+    if k is not None:
+        _dump(ops, round_path(host.spec, host.index, s, k))
     dump = host.spec.get("dump_dir")
     if dump is not None:
-        # every operator of the stage as it stands: what a worker restores (mode replay)
-        body = {
-            op.name: {
-                "meta": op.snapshot_meta(),
-                "keyed": op.saved_state() if isinstance(op, KeyedOp) else None,
-            }
-            for op in ops
-        }
-        path = os.path.join(dump, f"w{host.index}-s{s}.msgpack")
-        with open(path + ".tmp", "wb") as f:
-            f.write(codec.pack(body))
-        os.replace(path + ".tmp", path)
+        # every operator of the stage as it stands: what a worker restores (mode replay); a
+        # loop's rounds each leave theirs, the later ones holding only the loops' operators
+        # (`load_states` reads them in order: the last round of an operator wins)
+        name = f"w{host.index}-s{s}" + ("" if k is None else f"-r{k:06d}")
+        _dump(ops, os.path.join(dump, name + ".msgpack"))
     want = host.spec.get("state_of")
     for op in ops:
         if want is not None and op.name == want["operator"]:
@@ -478,8 +553,10 @@ def sources_task(spec: dict) -> Any:
     return run
 
 
-def stage_task(spec: dict, s: int) -> Any:
-    """Stage s > 0: the rows of one or more destinations, sorted, fed to their operators."""
+def stage_task(spec: dict, s: int, k: int | None = None) -> Any:
+    """Stage s > 0: the rows of one or more destinations, sorted, fed to their operators.
+    In round `k` of a loop's jobs, the operators start as round k - 1 left them, and are
+    left for round k + 1."""
 
     @fail_fast
     def run(batches: Any) -> Any:
@@ -491,7 +568,7 @@ def stage_task(spec: dict, s: int) -> Any:
         by_id: dict = {}
 
         def done() -> Any:
-            _close(ops, host, s)
+            _close(ops, host, s, k)
             return rows_batch(host.rows)
 
         for batch in batches:
@@ -501,7 +578,11 @@ def stage_task(spec: dict, s: int) -> Any:
                     if host is not None:
                         yield done()
                     host = _Host(dest, spec["workers"], spec)
-                    ops, by_id = _task_graph(p, stage, s, host)
+                    # rows of later rounds sort after the earlier rounds' on their link
+                    host.seq = (k or 0) << 40
+                    ops, by_id = _task_graph(p, stage, s, host, k or 0)
+                    if k:
+                        _resume_round(host, ops, s, k)
                 if kind == HERE:
                     continue
                 e = edges[edge]

@@ -432,7 +432,7 @@ class Loop:
                 dst.add_input(chan)
         finish_loops(pl, ops, max_rounds)
         self.tail = ops[it_stream.node.id]
-        self.head = self.tail.head
+        self.head = ops[it_stream.node.params["entry"]]
         self.out = Collector()
         self.tail.connect(self.out.push, self.out.marker, "out")
         self.head.add_input("src")
