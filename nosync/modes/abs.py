@@ -205,11 +205,17 @@ class AbsHooks(WorkerHooks):
         p["ops"][op.name] = meta
         p["left"].discard(op.name)
         sync_s = time.perf_counter() - t
-        row = {"operator": op.name, "align_ms": align_s * 1000, "held": held, "sync_ms": sync_s * 1000, "bytes": size}
-        if "backedge_bytes" in meta:
-            row["backedge_bytes"] = meta["backedge_bytes"]
-            row["backedge_records"] = meta["backedge_records"]
-            row["backedge_ms"] = meta.pop("backedge_ms")
+        row = {
+            "operator": op.name,
+            "align_ms": align_s * 1000,
+            "held": held,
+            "sync_ms": sync_s * 1000,
+            "bytes": size,
+            # a loop head's: its back-edge log, and the time from its snapshot to the barrier's return
+            "backedge_bytes": meta.get("backedge_bytes", 0),
+            "backedge_records": meta.get("backedge_records", 0),
+            "backedge_ms": meta.pop("backedge_ms", 0.0),
+        }
         if store is not None:
             p["stores"].append((store, row, time.perf_counter()))
         p["instances"].append(row)

@@ -287,10 +287,12 @@ def test_arrival_order_is_replayed_from_the_lineage_the_peers_hold(tmp_path):
         assert sum(1 for _, tag in seen if tag == "a") == per_input[key], f"key {key}"
 
 
+@pytest.mark.soak
 def test_chaos_nosync_with_a_loop(tmp_path):
-    """A pipeline with `iterate` under a kill. The operators of a loop's body run inside the
-    iterate operator's step and get no progress markers: the worker's durable frontier must
-    not count them, or the safe point never moves and nothing is ever committed."""
+    """A pipeline with a loop that stays on its worker (a forward back edge) under a kill. The
+    body's operators see waves, not epochs: the worker's durable frontier must not count
+    them, or the safe point never moves and nothing is ever committed. (Loops across workers:
+    test_loops.py.)"""
     records = 600_000
     r = chaos(
         os.path.join(PIPELINES, "halving_loop.py"),
