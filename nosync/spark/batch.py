@@ -231,6 +231,9 @@ def run_rounds(
             extra = [here.where(here.edge == st_entry)] if st_entry is not None else []
             if st == a and came_back is not None:
                 extra.append(came_back)
+            if st == a and k == 0:
+                # what was on the back edges at a restored cut (a nosync run's frames in flight)
+                extra.extend(df.where(F.col("edge").isin(back)) for df in outputs)
             earlier = (outputs if k == 0 else []) + list(this_round.values())
             out = stage_input(st, earlier, extra).mapInArrow(stage_task(spec, st, k), SCHEMA)
             out = out.localCheckpoint(eager=False)

@@ -25,6 +25,7 @@ from nosync.runtime.graph import (
 )
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
+from nosync.runtime.loops import ROUND_BITS, LoopHead
 from nosync.runtime.operators import EOS, SinkOp, SourceOp
 from nosync.state import checkpoints
 from nosync.state.checkpoints import restore_keyed
@@ -115,6 +116,8 @@ class _Host:
             spec.get("on_bad_record", "deadletter") == "fail",
         )
         self.rows: list[tuple] = []
+        self.switches: list[_Switch] = []
+        """A rewind's operators of the cone: the original's instance, then the new one."""
         self.seq = 0
         self.writers: list = []
         self._inputs: Any = None
@@ -220,6 +223,12 @@ class _Switch:
     def __init__(self, old: Any, new: Any, epoch: int) -> None:
         self.old, self.new, self.epoch = old, new, epoch
         self.cur = old
+        self.name, self.node = old.name, old.node
+
+    @property
+    def switched(self) -> bool:
+        """Whether the new pipeline's instance has taken over."""
+        return self.cur is self.new
 
     def _at(self, epoch: int) -> Any:
         if self.cur is self.old and epoch >= self.epoch:
@@ -241,6 +250,10 @@ class _Switch:
     def connect(self, *args: Any) -> None:
         self.old.connect(*args)
         self.new.connect(*args)
+
+    def connect_back(self, *args: Any) -> None:
+        self.old.connect_back(*args)
+        self.new.connect_back(*args)
 
 
 def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host, k: int = 0) -> tuple[list, dict]:
@@ -285,7 +298,11 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host, k: 
                 continue  # the new output gets every epoch
             if i in cone:
                 inputs_of[i] = [by_old[i], by_id[i]]
-                by_id[i] = _Switch(by_old[i], by_id[i], rewind["epoch"])
+                # inside a loop, operators see waves: the first of the rewind's epoch
+                inside = p.pipeline.nodes[i].params.get("loop_internal")
+                at = rewind["epoch"] << ROUND_BITS if inside else rewind["epoch"]
+                by_id[i] = _Switch(by_old[i], by_id[i], at)
+                host.switches.append(by_id[i])
             else:
                 inputs_of[i] = [by_old[i]]
                 by_id[i] = by_old[i]
@@ -386,20 +403,32 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
             finally:
                 store.close()
         op.restore_meta(meta)
+    for op in ops:
+        if isinstance(op, LoopHead):
+            # every operator holds the checkpoint's state: what the back edges carried goes round again
+            op.replay_log()
 
 
-def _dump(ops: list, path: str) -> None:
-    """Every operator of `ops` as it stands (meta and keyed state, saved), to `path`."""
-    body = {
-        op.name: {
+def _dump(ops: list, path: str, switches: list | None = None) -> None:
+    """Every operator of `ops` as it stands (meta and keyed state, saved), to `path`; in a
+    rewind, the new pipeline's instance of an operator of the cone under `NAME@new`, and
+    which of them have taken over."""
+    body: dict = {}
+    for op in ops:
+        name = op.name if op.name not in body else f"{op.name}{NEW}"
+        body[name] = {
             "meta": op.snapshot_meta(),
             "keyed": op.saved_state() if isinstance(op, KeyedOp) else None,
         }
-        for op in ops
-    }
+    if switches:
+        body[SWITCHED] = [sw.name for sw in switches if sw.switched]
     with open(path + ".tmp", "wb") as f:
         f.write(codec.pack(body))
     os.replace(path + ".tmp", path)
+
+
+NEW = "@new"
+SWITCHED = "@switched"
 
 
 def round_path(spec: dict, worker: int, s: int, k: int) -> str:
@@ -410,19 +439,25 @@ def round_path(spec: dict, worker: int, s: int, k: int) -> str:
 def _resume_round(host: _Host, ops: list, s: int, k: int) -> None:
     """Round `k` > 0 of a loop's jobs: the operators of the stage as round k - 1 left them."""
     saved = codec.read_file(round_path(host.spec, host.index, s, k - 1))
+    seen: set = set()
     for op in ops:
-        got = saved.get(op.name)
+        got = saved.get(op.name if op.name not in seen else f"{op.name}{NEW}")
+        seen.add(op.name)
         if got is None:
             continue
         op.restore_meta(got["meta"])
         if isinstance(op, KeyedOp) and got["keyed"] is not None:
             op.restore_keyed(got["keyed"], host.keepalive)
+    switched = set(saved.get(SWITCHED, ()))
+    for sw in host.switches:
+        if sw.name in switched:
+            sw.cur = sw.new
 
 
 def _close(ops: list, host: _Host, s: int, k: int | None = None) -> None:
     stats: dict[str, int] = {"read": 0, "committed": 0}
     if k is not None:
-        _dump(ops, round_path(host.spec, host.index, s, k))
+        _dump(ops, round_path(host.spec, host.index, s, k), host.switches)
     dump = host.spec.get("dump_dir")
     if dump is not None:
         # every operator of the stage as it stands: what a worker restores (mode replay); a

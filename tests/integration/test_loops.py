@@ -219,3 +219,46 @@ def test_a_sink_inside_a_loop_is_refused_on_the_command_line(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "'peek'" in r.stderr and "countdown" in r.stderr and f"{path}:9" in r.stderr
     assert not os.path.exists(tmp_path / "run" / "summary.json")
+
+
+ADD_THREE = open(os.path.join(PIPELINES, "add_subtract_loop.py"), encoding="utf-8").read().replace(
+    "return total + 2, [(OUT, key, i, 2), (SUB, key, i)]", "return total + 3, [(OUT, key, i, 3), (SUB, key, i)]"
+)
+
+
+def test_rewind_of_a_loop_body_from_a_checkpoint(spark, tmp_path):
+    """An abs run of the ADD/SUBTRACT loop, rewound to epoch E from a checkpoint (its loop
+    heads' back-edge logs replayed) with ADD(3) instead of ADD(2) inside the loop: every
+    record of an epoch before E keeps its +2, every later one gets +3, each -1 once."""
+    from nosync.tools.rewind import rewind
+
+    records, per_epoch, epoch = 300_000, 30_000, 3
+    ns.run(
+        os.path.join(PIPELINES, "add_subtract_loop.py"),
+        mode="abs",
+        workers=2,
+        spark=spark,
+        run_dir=str(tmp_path / "run"),
+        checkpoint_ms=50,
+        epoch_records=per_epoch,
+        params={"records": str(records), "output": str(tmp_path / "out")},
+    )
+    assert ADD_THREE.count("total + 3") == 1
+    (tmp_path / "add_three.py").write_text(ADD_THREE)
+    r = rewind(
+        str(tmp_path / "run"),
+        "sums",
+        epoch,
+        pipeline_file=str(tmp_path / "add_three.py"),
+        output=str(tmp_path / "three"),
+        spark=spark,
+    )
+    assert r["checkpoint"] is not None and r["records_read"] < records, r
+    per_record = collections.defaultdict(list)
+    for _key, i, delta in ns.sinks.Files(str(tmp_path / "three")).read_committed():
+        per_record[i].append(delta)
+    assert sorted(per_record) == list(range(records))
+    # record i is the (i // 2)-th of generator partition i % 2, in epoch (i // 2) // per_epoch
+    later = {i for i in range(records) if (i // 2) // per_epoch >= epoch}
+    assert {i for i, d in per_record.items() if sorted(d) == [-1, 3]} == later
+    assert all(sorted(d) == [-1, 2] for i, d in per_record.items() if i not in later)
