@@ -221,9 +221,13 @@ def test_a_sink_inside_a_loop_is_refused_on_the_command_line(tmp_path):
     assert not os.path.exists(tmp_path / "run" / "summary.json")
 
 
-ADD_THREE = open(os.path.join(PIPELINES, "add_subtract_loop.py"), encoding="utf-8").read().replace(
-    "return total + 2, [(OUT, key, i, 2), (SUB, key, i)]", "return total + 3, [(OUT, key, i, 3), (SUB, key, i)]"
-)
+def add_three() -> str:
+    """The ADD/SUBTRACT pipeline with ADD(3) instead of ADD(2)."""
+    with open(os.path.join(PIPELINES, "add_subtract_loop.py"), encoding="utf-8") as f:
+        text = f.read()
+    old = "return total + 2, [(OUT, key, i, 2), (SUB, key, i)]"
+    assert text.count(old) == 1
+    return text.replace(old, "return total + 3, [(OUT, key, i, 3), (SUB, key, i)]")
 
 
 def test_rewind_of_a_loop_body_from_a_checkpoint(spark, tmp_path):
@@ -243,8 +247,7 @@ def test_rewind_of_a_loop_body_from_a_checkpoint(spark, tmp_path):
         epoch_records=per_epoch,
         params={"records": str(records), "output": str(tmp_path / "out")},
     )
-    assert ADD_THREE.count("total + 3") == 1
-    (tmp_path / "add_three.py").write_text(ADD_THREE)
+    (tmp_path / "add_three.py").write_text(add_three())
     r = rewind(
         str(tmp_path / "run"),
         "sums",
