@@ -2,7 +2,8 @@
 measurement, figure, reading and table, in a module of its own.
 
 Every measurement is a run of `keyed_count` (generated records over K keys, a running count per
-key, committed to Parquet files) through `experiments.measure`, the code `nosync bench` uses.
+key, committed to Parquet files), or for `cycles` of `reachability` (a loop across workers),
+through `experiments.measure`, the code `nosync bench` uses.
 The full grids are the defaults; `--quick` grids are small enough that all seven run in about 12
 minutes on a 2-core machine, and are meant to check the pipeline of figures, not to be quoted
 without their repetitions.
@@ -10,7 +11,7 @@ without their repetitions.
 
 from __future__ import annotations
 
-from experiments import budget, overhead, recovery, scaling, snapshot, stall
+from experiments import budget, cycles, overhead, recovery, scaling, snapshot, stall
 from experiments.harness import Experiment
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -23,5 +24,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         scaling.EXPERIMENT,
         snapshot.EXPERIMENT,
         budget.EXPERIMENT,
+        cycles.EXPERIMENT,
     )
 }

@@ -42,12 +42,15 @@ STEADY_FIELDS = (
     "interval_ms_max",
     "recovery_span_ms_max",
     "recovery_span_records_max",
+    "backedge_log_bytes",
+    "backedge_log_bytes_max",
+    "output_log_peak_bytes",
+    "residue_bytes",
 )
 
 
 def _params(d: str, records: int, keys: int, skew: float, seed: int) -> dict:
-    out = os.path.join(d, "out")
-    return {"records": str(records), "keys": str(keys), "skew": str(skew), "seed": str(seed), "output": out}
+    return {"records": str(records), "keys": str(keys), "skew": str(skew), "seed": str(seed)}
 
 
 def _interval_options(mode: str, interval_ms: int | None, tier: str) -> dict:
@@ -69,24 +72,27 @@ def _run(
     seed: int,
     interval_ms: int | None,
     tier: str,
+    workload: tuple[str, dict, int] | None = None,
     **extra: Any,
 ) -> dict:
-    """keyed_count through `nosync run`'s code; its summary, once every record was committed."""
+    """keyed_count (or `workload`: a pipeline file, its parameters and the records it must
+    commit) through `nosync run`'s code; its summary, once every record was committed."""
     from nosync.driver.runner import run as run_pipeline
 
+    path, params, expect = workload or (KEYED_COUNT, _params(d, records, keys, skew, seed), records)
     result = run_pipeline(
-        KEYED_COUNT,
+        path,
         mode=mode,
         workers=workers,
         spark=spark,
         run_dir=d,
-        params=_params(d, records, keys, skew, seed),
+        params={**params, "output": os.path.join(d, "out")},
         **_interval_options(mode, interval_ms, tier),
         **extra,
     )
     s = result.summary
-    if s["records_committed"] != records:
-        raise AssertionError(f"mode {mode}: {s['records_committed']} of {records} records committed")
+    if s["records_committed"] != expect:
+        raise AssertionError(f"mode {mode}: {s['records_committed']} of {expect} records committed")
     return s
 
 
@@ -104,13 +110,26 @@ def steady(
     seed: int = 1,
     keep: bool = False,
     options: dict | None = None,
+    workload: tuple[str, dict, int] | None = None,
 ) -> dict:
-    """A failure-free run in run directory `d` (`options` go to the run); removed after unless
-    `keep`."""
+    """A failure-free run in run directory `d` (`options` go to the run; `workload` as `_run`
+    takes it); removed after unless `keep`."""
     try:
         slow = (0, slow_ms) if slow_ms else None
         s = _run(
-            spark, d, mode, workers, records, keys, skew, seed, interval_ms, tier, slow_worker=slow, **(options or {})
+            spark,
+            d,
+            mode,
+            workers,
+            records,
+            keys,
+            skew,
+            seed,
+            interval_ms,
+            tier,
+            workload,
+            slow_worker=slow,
+            **(options or {}),
         )
         row = {f: s.get(f) for f in STEADY_FIELDS}
         if mode in ("none", "replay"):
@@ -161,6 +180,7 @@ def recovery(
     progress: Any = lambda m: None,
     options: dict | None = None,
     after_event: bool = True,
+    workload: tuple[str, dict, int] | None = None,
 ) -> dict:
     """A run in which worker W-1 is killed once `kill_after` of the records are read (half, by
     default), after the mode's first progress event (a completed checkpoint, a safe point, a
@@ -207,7 +227,19 @@ def recovery(
 
     try:
         s = _run(
-            spark, d, mode, workers, records, keys, 0.0, seed, interval_ms, tier, progress=watch, **(options or {})
+            spark,
+            d,
+            mode,
+            workers,
+            records,
+            keys,
+            0.0,
+            seed,
+            interval_ms,
+            tier,
+            workload,
+            progress=watch,
+            **(options or {}),
         )
         recs = s.get("recoveries") or []
         if not recs and missed_ok:

@@ -28,10 +28,12 @@ metadata file makes recovery fall back to the previous completed checkpoint, and
 missing from its store, or a store that is corrupt, fails the run naming the file. `run
 --resume RUN_DIR` restores the same way after the driver itself died.
 
-The dataflow's only cycles are `iterate` loops, whose bodies run synchronously inside one
-worker: a barrier reaches an iterate operator only between two of its batches, when nothing
-is in flight on the back-edge, so there is nothing for Chandy-Lamport recording to record
-until loop bodies cross workers.
+Cycles. The dataflow's only cycles are `iterate` loops (`nosync.runtime.loops`). A loop head
+snapshots when the barrier comes on the loop's input and sends it into the body; it logs what
+arrives on its back channels until the barrier has come back round on each, and that log is
+part of its snapshot, replayed into the loop on a restore (the ABS paper's treatment of
+cycles: operator state on the acyclic part, a record log on the back edges). Nothing aligns
+on a back edge, so a cycle cannot deadlock the barrier.
 """
 
 from __future__ import annotations

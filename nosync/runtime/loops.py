@@ -58,6 +58,8 @@ from nosync.runtime.operators import EOS, Op
 
 RECORDS, MARK = 0, 1
 """What a back-edge log item is: records kept on this worker, or a tail's report."""
+HOLD_RECORDS = 200_000
+"""Input of later epochs a head holds above which its worker's sources wait (`full`)."""
 ROUND_BITS = 20
 ROUNDS = (1 << ROUND_BITS) - 1
 """The body's epoch of wave (e, r) is e << ROUND_BITS | r; round ROUNDS of no epoch is run:
@@ -91,6 +93,7 @@ class LoopHead(Op):
         self.input_frontier = -1
         self.held: list = []
         """[epoch, records] of input of later epochs, in arrival order."""
+        self.held_count = 0
         self.pending: list = []
         """The records kept in the running wave, for the next."""
         self.heard: dict[int, dict[int, tuple[bool, int]]] = {}
@@ -108,6 +111,14 @@ class LoopHead(Op):
     def is_back(self, channel: Any) -> bool:
         """Whether `channel` is the back edge (from some worker's tail)."""
         return type(channel) is tuple and len(channel) >= 2 and channel[1] == self.back_edge
+
+    @property
+    def full(self) -> bool:
+        """Whether the worker's sources should wait: the head holds much input of later epochs
+        and needs none for the epoch it works on (its input has passed it). A head still
+        waiting for input of its epoch never stops a source, so no loop can stall the input
+        it waits for."""
+        return not self.open and self.held_count > HOLD_RECORDS
 
     def next_epoch(self) -> int:
         """The least epoch this worker's input may still bring: the held input's, or the one
@@ -137,6 +148,7 @@ class LoopHead(Op):
             self.emit(list(records), self.wave)
         elif epoch > self.epoch:
             self.held.append([epoch, list(records)])
+            self.held_count += len(records)
         else:
             raise RunFailed(
                 f"loop '{self.loop_name}' (declared at {self.loop_where}): {len(records)} records of epoch "
@@ -223,6 +235,7 @@ class LoopHead(Op):
         self.last_epoch = max(self.last_epoch, nxt)
         now = [r for e, r in self.held if e <= nxt]
         self.held = [h for h in self.held if h[0] > nxt]
+        self.held_count = sum(len(r) for _, r in self.held)
         for recs in now:
             self.emit(recs, self.wave)
         self._again = True
@@ -253,6 +266,7 @@ class LoopHead(Op):
         self.epoch, self.round, self.wave = s["epoch"], s["round"], s["wave"]
         self.open, self.input_frontier, self.finished = s["open"], s["input_frontier"], s["finished"]
         self.held = [[e, list(r)] for e, r in s["held"]]
+        self.held_count = sum(len(r) for _, r in self.held)
         self.pending = list(s["pending"])
         self.heard = {w: {tuple(c): (bool(k), n) for c, k, n in got} for w, got in s["heard"]}
         self.to_replay = list(meta.get("backedge") or ())

@@ -14,9 +14,10 @@ The loop:
 1. read what arrived: data frames go to the operator behind their edge, markers advance
    frontiers, events (barriers) go in-band to their operator, credits release queued frames,
    control messages go to the worker or the mode;
-2. if no outgoing channel is over its backlog bound, read one chunk from a source partition
-   and push it through the operators (forward edges are direct calls; exchange edges go to a
-   Router, which keeps the local share and frames the rest per destination);
+2. if no outgoing channel is over its backlog bound (nor a loop's head over its hold, `full`),
+   read one chunk from a source partition and push it through the operators (forward edges
+   are direct calls; exchange edges go to a Router, which keeps the local share and frames
+   the rest per destination);
 3. flush router buffers older than the linger time, write what the sockets take, let the
    mode poll (durable snapshots);
 4. every HEARTBEAT_S, send counters to the coordinator.
@@ -46,6 +47,7 @@ from nosync.runtime.dead_letters import DeadLetters
 from nosync.runtime.graph import add_edge_input, build_ops, connect_back_edge, finish_loops, graph_edges
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.links import SETUP_TIMEOUT_S, Links, Rejoin
+from nosync.runtime.loops import LoopHead
 from nosync.runtime.operators import EOS, Op, SinkOp, SourceOp
 from nosync.runtime.router import FeedbackRouter, Router
 
@@ -89,6 +91,7 @@ class Worker(Links):
         self.by_id: dict[int, Op] = {}
         self.routers: list[Router] = []
         self.sources: list[SourceOp] = []
+        self.heads: list[LoopHead] = []
         self.sinks: list[SinkOp] = []
         self.hooks = hooks
         self.dead_letters = DeadLetters(
@@ -146,6 +149,7 @@ class Worker(Links):
             p, None, lambda n: SourceOp(n, p.source_parts[n.id][self.index], self), self._sink_op, self.hooks
         )
         self.sources = [op for op in self.ops if isinstance(op, SourceOp)]
+        self.heads = [op for op in self.ops if isinstance(op, LoopHead)]
         self.sinks = [op for op in self.ops if isinstance(op, SinkOp)]
         for e in graph_edges(p):
             src, dst = self.by_id[e.src], self.by_id[e.dst]
@@ -433,7 +437,12 @@ class Worker(Links):
         hooks = self.hooks
         while not self._finish:
             backlog = max((c.backlog for c in self.out.values()), default=0)
-            busy = bool(active_sources) and backlog < MAX_BACKLOG_FRAMES and hooks.may_read(self)
+            busy = (
+                bool(active_sources)
+                and backlog < MAX_BACKLOG_FRAMES
+                and not any(h.full for h in self.heads)
+                and hooks.may_read(self)
+            )
             self.pump(0 if busy else 0.002)
             if busy:
                 for s in list(active_sources):

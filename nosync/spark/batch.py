@@ -1,11 +1,14 @@
 """A pipeline over bounded input as Spark batch jobs, stage by stage.
 
 A stage is what lies between exchanges: the stage of an operator is the greatest number of
-exchange edges on a path from a source to it (loops never hold an exchange, so a loop lies
-inside one stage). Stage 0 is W Spark tasks, task w reading the source partitions that
-streaming worker w would read; every later stage is one Spark job over what earlier stages
-sent it, shuffled by destination (the same xxhash partitioning of keys as the streaming
-routers) and sorted, per destination, by (epoch, sending task, edge, order of emission).
+exchange edges on a path from a source to it. A loop whose body holds no exchange lies inside
+one stage; a loop whose body crosses workers has stages of its own, run as rounds of jobs
+until a round sends nothing back round the loop (`run_rounds`).
+
+Stage 0 is W Spark tasks, task w reading the source partitions that streaming worker w would
+read; every later stage is one Spark job over what earlier stages sent it, shuffled by
+destination (the same xxhash partitioning of keys as the streaming routers) and sorted, per
+destination, by (epoch, sending task, edge, order of emission).
 
 Inside a task, the operators of the stage are the streaming worker's own instances
 (`build_ops`), fed the same batches and progress markers: a map, a keyed aggregate, a window

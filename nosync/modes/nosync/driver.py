@@ -237,6 +237,7 @@ class NosyncMode(Mode):
             "checkpoint_bytes": total("snapshot_bytes"),
             "bytes_persisted": total("bytes_persisted"),
             "residue_bytes": total("residue_bytes"),
+            "output_log_peak_bytes": total("output_log_peak_bytes"),
             "snapshots": total("snapshots"),
             "lineage_points": total("lineage_points"),
             "persist_share": total("persist_s") / (processing * len(per)) if processing and per else 0.0,

@@ -544,6 +544,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             "lineage_points": self.points,
             "lineage_point_bytes": self.point_bytes - self.snapshot_bytes,
             "residue_bytes": self.residue_bytes,
+            "output_log_peak_bytes": self.outlog.peak if self.outlog is not None else 0,
             "persist_stall_s": stall,
             "persist_s": self.persist_s_total,
             "interval_s_mean": sum(self.intervals) / len(self.intervals) if self.intervals else self.interval_s,

@@ -27,6 +27,8 @@ class OutputLog:
         self.frames: dict[int, deque] = {}
         """Per destination, [chan_seq, frame] items; the frame is (offset, length) once spilled."""
         self.mem = 0
+        self.peak = 0
+        """The most bytes the log held in memory at once."""
         self.spilled = 0
         self.restored: dict[int, int] = {}
         """Per destination, the last chan_seq a restored residue held."""
@@ -39,6 +41,8 @@ class OutputLog:
         oldest frames are spilled."""
         self.frames.setdefault(dest, deque()).append([seq, frame])
         self.mem += len(frame)
+        if self.mem > self.peak:
+            self.peak = self.mem
         if self.mem > self.max_bytes:
             self._spill_oldest()
 

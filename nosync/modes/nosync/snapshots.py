@@ -51,8 +51,8 @@ class Snapshots:
     """Lineage points and snapshots of `NosyncHooks`; its attributes are the hooks'."""
 
     def _frontier(self, worker: Worker) -> int:
-        # a loop's body runs inside its iterate operator's step and gets no markers: the
-        # iterate operator's frontier stands for it
+        # a loop's body sees rounds (waves), not epochs: the loop's tail, whose frontier moves
+        # only once no record of an epoch goes round anywhere, stands for it
         return min((op.frontier for op in worker.ops if not op.node.params.get("loop_internal")), default=-1)
 
     def _cut(self, worker: Worker) -> None:

@@ -23,6 +23,7 @@ from nosync.errors import PipelineError, RunFailed
 from nosync.runtime.graph import connect_back_edge, finish_loops, make_op
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import JoinOp
+from nosync.runtime import loops
 from nosync.runtime.loops import LoopHead, LoopTail
 from nosync.runtime.operators import EOS, SinkOp
 from nosync.runtime.worker import Worker
@@ -512,6 +513,34 @@ def test_a_later_epoch_waits_at_the_head_until_the_loop_has_finished_the_earlier
     assert loop.out.markers == [(1, None, False)]  # epoch 2 is open until its input is finished
     loop.close(EOS)
     assert loop.out.markers == [(1, None, False), (EOS, None, True)]
+
+
+def test_a_head_holding_much_later_input_stops_the_sources_only_once_its_own_input_has_passed(monkeypatch):
+    monkeypatch.setattr(loops, "HOLD_RECORDS", 5)
+    p, it_stream = loop_pipeline(lambda s: s.map(lambda n: n - 1), keep=lambda n: n > 0)
+    loop = Loop(p, it_stream)
+    # the tails' reports held back, as when they come from other workers
+    reports: list = []
+    push, _, event = loop.tail.back
+    loop.tail.back = (push, lambda *a: reports.append(a), event)
+    back = ("f", loop.head.back_edge)
+
+    def deliver() -> None:
+        while reports:
+            _, epoch, wm, eos = reports.pop(0)
+            loop.head.marker(back, epoch, wm, eos)
+
+    loop.feed(list(range(1, 11)), 1)  # ten records of epoch 1 wait: the loop is at epoch 0
+    assert loop.head.held_count == 10
+    assert not loop.head.full  # it still waits for input of epoch 0: the sources must go on
+    loop.close(0)  # round 0 of epoch 0 closes; the reports on it have not come yet
+    assert loop.head.full
+    deliver()  # epoch 0 ends (no records), epoch 1 starts: its input is let in
+    assert loop.head.epoch == 1 and loop.head.held_count == 0 and not loop.head.full
+    loop.close(EOS)
+    deliver()
+    assert loop.head.finished and not loop.head.full
+    assert collections.Counter(loop.out.records) == collections.Counter({0: 10})
 
 
 def test_iterate_forwards_markers():
