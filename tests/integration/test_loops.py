@@ -265,3 +265,35 @@ def test_rewind_of_a_loop_body_from_a_checkpoint(spark, tmp_path):
     later = {i for i in range(records) if (i // 2) // per_epoch >= epoch}
     assert {i for i, d in per_record.items() if sorted(d) == [-1, 3]} == later
     assert all(sorted(d) == [-1, 2] for i, d in per_record.items() if i not in later)
+
+
+SPIN = """
+import nosync as ns
+
+def build(args):
+    p = ns.Pipeline("spin")
+    nums = p.source(ns.sources.Generator(records=100, fn=lambda i: (i % 10, i)))
+    out = nums.iterate(
+        lambda s: s.key_by(lambda r: r[0]).stateful_map(lambda n, r: ((n or 0) + 1, [(r[0], r[1] + 1)])),
+        keep=lambda r: r[1] < 1000 if r[1] % 2 else True,
+        name="spinner",
+    )
+    out.sink(ns.sinks.Console())
+    return p
+"""
+
+
+def test_a_loop_past_max_rounds_fails_the_run_naming_it(tmp_path):
+    """Even records go round forever; with --max-rounds 5 the run fails after five rounds of
+    their epoch, naming the loop and where it was declared (exit 1)."""
+    path = tmp_path / "spin.py"
+    path.write_text(SPIN)
+    r = subprocess.run(
+        [*NOSYNC, "run", str(path), "--workers", "2", "--max-rounds", "5", "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 1, r.stderr
+    assert "loop 'spinner'" in r.stderr and f"{path}:7" in r.stderr and "5 rounds" in r.stderr, r.stderr

@@ -20,10 +20,10 @@ from support.operators import Collector, source, wire
 import nosync as ns
 from nosync.api.plan import plan
 from nosync.errors import PipelineError, RunFailed
+from nosync.runtime import loops
 from nosync.runtime.graph import connect_back_edge, finish_loops, make_op
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import JoinOp
-from nosync.runtime import loops
 from nosync.runtime.loops import LoopHead, LoopTail
 from nosync.runtime.operators import EOS, SinkOp
 from nosync.runtime.worker import Worker
