@@ -61,17 +61,8 @@ from nosync.api.plan import plan
 from nosync.errors import NosyncError, PipelineError, RunFailed
 from nosync.runtime.graph import graph_edges
 from nosync.spark.session import get_spark
-from nosync.spark.tasks import (
-    ERROR,
-    HERE,
-    SCHEMA,
-    STATS,
-    echo,
-    loop_blocks,
-    sources_task,
-    stage_task,
-    stages,
-)
+from nosync.spark.stages import loop_blocks, stages
+from nosync.spark.tasks import ERROR, HERE, SCHEMA, STATS, echo, sources_task, stage_task
 
 DEFAULT_EPOCH_RECORDS = 10_000
 

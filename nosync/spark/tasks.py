@@ -27,6 +27,7 @@ from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.loops import ROUND_BITS, LoopHead
 from nosync.runtime.operators import EOS, SinkOp, SourceOp
+from nosync.spark.stages import dump_ops, resume_round, round_nodes, round_path, stages
 from nosync.state import checkpoints
 from nosync.state.checkpoints import restore_keyed
 from nosync.state.inputlog import InputLog
@@ -39,49 +40,6 @@ DATA, MARK, STATS, STATE, ERROR, HERE = 0, 1, 2, 3, 4, 5
 (key, state) pairs of the operator asked for, the error a task stopped on (edge -1: no stage
 reads these three), and a row that only makes a later stage run a destination's task (a
 restored run can leave a destination nothing else: its inputs ended before the cut)."""
-
-
-def stages(p: PhysicalPlan) -> dict[int, int]:
-    """node id -> its stage: the greatest number of stage boundaries on a path to it from a
-    source, a boundary being an exchange, or the way into or out of a loop whose body crosses
-    workers (such a loop's stages run again round after round, `loop_blocks`, and nothing
-    else is downstream of it in them). Back edges are left out: they go to an earlier stage."""
-    heads = {e.dst for e in p.edges if e.feedback and e.exchange}
-    tails = {e.src for e in p.edges if e.feedback and e.exchange}
-    edges = p.forward_edges
-    stage = {n.id: 0 for n in p.pipeline.nodes}
-    changed = True
-    while changed:
-        changed = False
-        for e in edges:
-            s = stage[e.src] + (1 if e.exchange or e.dst in heads or e.src in tails else 0)
-            if s > stage[e.dst]:
-                stage[e.dst] = s
-                changed = True
-    return stage
-
-
-def round_nodes(p: PhysicalPlan) -> set[int]:
-    """The operators of the loops whose body crosses workers: head, body, tail."""
-    out: set[int] = set()
-    for n in p.pipeline.nodes:
-        if n.kind == "iterate" and any(e.feedback and e.exchange and e.src == n.id for e in p.edges):
-            out |= {n.id, n.params["entry"], *n.params["body"]}
-    return out
-
-
-def loop_blocks(p: PhysicalPlan, stage: dict[int, int]) -> list[tuple[int, int, list[int]]]:
-    """The stages that run round after round: for each loop whose body crosses workers, from
-    its head's stage to its tail's, with its back edge; overlapping ranges are merged."""
-    blocks: list[list] = []
-    for e in sorted((e for e in p.edges if e.feedback and e.exchange), key=lambda e: stage[e.dst]):
-        a, b = stage[e.dst], stage[e.src]
-        if blocks and a <= blocks[-1][1]:
-            blocks[-1][1] = max(blocks[-1][1], b)
-            blocks[-1][2].append(e.id)
-        else:
-            blocks.append([a, b, [e.id]])
-    return [(a, b, ids) for a, b, ids in blocks]
 
 
 def _pack_forward(records: list, sender: str) -> bytes:
@@ -409,62 +367,17 @@ def _restore_checkpoint(host: _Host, ops: list) -> None:
             op.replay_log()
 
 
-def _dump(ops: list, path: str, switches: list | None = None) -> None:
-    """Every operator of `ops` as it stands (meta and keyed state, saved), to `path`; in a
-    rewind, the new pipeline's instance of an operator of the cone under `NAME@new`, and
-    which of them have taken over."""
-    body: dict = {}
-    for op in ops:
-        name = op.name if op.name not in body else f"{op.name}{NEW}"
-        body[name] = {
-            "meta": op.snapshot_meta(),
-            "keyed": op.saved_state() if isinstance(op, KeyedOp) else None,
-        }
-    if switches:
-        body[SWITCHED] = [sw.name for sw in switches if sw.switched]
-    with open(path + ".tmp", "wb") as f:
-        f.write(codec.pack(body))
-    os.replace(path + ".tmp", path)
-
-
-NEW = "@new"
-SWITCHED = "@switched"
-
-
-def round_path(spec: dict, worker: int, s: int, k: int) -> str:
-    """Where round `k` of a loop's jobs leaves stage `s` of `worker`, for round k + 1."""
-    return os.path.join(spec["rounds_dir"], f"w{worker}-s{s}-r{k}.msgpack")
-
-
-def _resume_round(host: _Host, ops: list, s: int, k: int) -> None:
-    """Round `k` > 0 of a loop's jobs: the operators of the stage as round k - 1 left them."""
-    saved = codec.read_file(round_path(host.spec, host.index, s, k - 1))
-    seen: set = set()
-    for op in ops:
-        got = saved.get(op.name if op.name not in seen else f"{op.name}{NEW}")
-        seen.add(op.name)
-        if got is None:
-            continue
-        op.restore_meta(got["meta"])
-        if isinstance(op, KeyedOp) and got["keyed"] is not None:
-            op.restore_keyed(got["keyed"], host.keepalive)
-    switched = set(saved.get(SWITCHED, ()))
-    for sw in host.switches:
-        if sw.name in switched:
-            sw.cur = sw.new
-
-
 def _close(ops: list, host: _Host, s: int, k: int | None = None) -> None:
     stats: dict[str, int] = {"read": 0, "committed": 0}
     if k is not None:
-        _dump(ops, round_path(host.spec, host.index, s, k), host.switches)
+        dump_ops(ops, round_path(host.spec, host.index, s, k), host.switches)
     dump = host.spec.get("dump_dir")
     if dump is not None:
         # every operator of the stage as it stands: what a worker restores (mode replay); a
         # loop's rounds each leave theirs, the later ones holding only the loops' operators
         # (`load_states` reads them in order: the last round of an operator wins)
         name = f"w{host.index}-s{s}" + ("" if k is None else f"-r{k:06d}")
-        _dump(ops, os.path.join(dump, name + ".msgpack"))
+        dump_ops(ops, os.path.join(dump, name + ".msgpack"))
     want = host.spec.get("state_of")
     for op in ops:
         if want is not None and op.name == want["operator"]:
@@ -617,7 +530,7 @@ def stage_task(spec: dict, s: int, k: int | None = None) -> Any:
                     host.seq = (k or 0) << 40
                     ops, by_id = _task_graph(p, stage, s, host, k or 0)
                     if k:
-                        _resume_round(host, ops, s, k)
+                        resume_round(host, ops, s, k)
                 if kind == HERE:
                     continue
                 e = edges[edge]

@@ -6,7 +6,7 @@ other workers, on embedded Spark.
   under `make soak`), and its committed output is the plain-Python reference's;
 - the invariant of an iteration checkpointing test: a source of ADD(2) records, a loop that
   feeds back SUBTRACT(1); after 3 kills every record's +2 and -1 are committed once, so the
-  sums equal the number of source records (abs and nosync);
+  sums equal the number of source records (abs and nosync, W = 2 and 3: soak);
 - abs logs the back edge between a loop head's snapshot and the barrier's return, and reports
   its size per checkpoint;
 - a loop that fans out across workers, far past the channels' credits, does not deadlock;
@@ -71,6 +71,7 @@ def assert_add_subtract(output: str, records: int) -> None:
     assert sum(d for _, _, d in deltas) == records
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("mode", ["abs", "nosync"])
 def test_add_subtract_invariant_holds_after_three_kills(tmp_path, mode):
     records = 200_000
@@ -163,7 +164,7 @@ def test_a_loop_that_fans_out_across_workers_does_not_deadlock(spark, tmp_path):
 
 def test_batch_jobs_commit_what_a_streaming_run_commits_on_a_loop(spark, tmp_path):
     path = os.path.join(WORKLOADS, "reachability.py")
-    params = {"vertices": "8000"}
+    params = {"vertices": "3000"}
     ns.run(
         path,
         workers=2,
@@ -183,7 +184,7 @@ def test_batch_jobs_commit_what_a_streaming_run_commits_on_a_loop(spark, tmp_pat
     streamed = committed_vertices(str(tmp_path / "streamed"))
     assert committed_vertices(str(tmp_path / "batch")) == streamed
     assert set(streamed) == reachability.reference(params) and set(streamed.values()) == {1}
-    assert r["loop_rounds"] and r["loop_rounds"][0] > 10  # the graph's depth, epoch after epoch
+    assert r["loop_rounds"] and r["loop_rounds"][0] > 5  # the graph's depth, epoch after epoch
 
     adds = os.path.join(PIPELINES, "add_subtract_loop.py")
     run_batch(adds, {"records": "3000", "output": str(tmp_path / "adds")}, workers=3, spark=spark, epoch_records=600)
