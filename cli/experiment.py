@@ -18,6 +18,7 @@ NAMES = (
     "scaling",
     "snapshot-size",
     "budget",
+    "cycles",
 )
 
 

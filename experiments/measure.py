@@ -271,6 +271,7 @@ def recovery(
             "span_reason": r.get("span_reason"),
             "span_parts": r.get("span_parts"),
             "records_per_s": s["records_per_s"],
+            "processing_s": s.get("processing_s"),
             "latency_p99_ms": s.get("latency_p99_ms"),
             "stall_ms_max": 0.0 if mode == "replay" else s.get("stall_ms_max"),
         }
