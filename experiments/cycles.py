@@ -162,7 +162,10 @@ def reading(rows: list[dict]) -> list[str]:
             )
             da, dn = added.get(("abs",)), added.get(("nosync",))
             if da and dn:
-                text += f"; the kill added {da[0]:.2f} s to the run in abs, {dn[0]:.2f} s in nosync"
+                text += (
+                    f"; the run with the kill took {da[0]:+.2f} s longer than the run without in abs, "
+                    f"{dn[0]:+.2f} s in nosync (a difference within the spread of failure-free runs is noise)"
+                )
             out.append(text + ".")
     return out
 
@@ -180,7 +183,8 @@ def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             "backedge_log_bytes",
             "output_log_peak_bytes",
             "residue_bytes",
-            "recovery_recovery_s",
+            "recovery_restore_s",
+            "recovery_added_s",
             "recovery_records_reprocessed",
         ):
             got = agg([r for r in sel if r.get(f) is not None], ("mode",), f).get((m,))
@@ -195,8 +199,9 @@ def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         "back-edge log (B)",
         "output log peak (B)",
         "residue (B)",
-        "recovery (s)",
-        "read again",
+        "restore (s)",
+        "run time added by a kill (s)",
+        "read again after a kill",
     ]
     return header, body
 
