@@ -288,9 +288,11 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host, k: 
     finish_loops(p, {i: v[0] for i, v in inputs_of.items()})
     if rewind:
         finish_loops(p, {i: v[-1] for i, v in inputs_of.items() if len(v) > 1})
-    if host.spec.get("restore") is not None:
+    if host.spec.get("restore") is not None and not k:
         # the instances that run from the checkpoint on: in a rewind, the original pipeline's,
-        # and the cone's new sinks (the cone's new operators take over at the rewind's epoch)
+        # and the cone's new sinks (the cone's new operators take over at the rewind's epoch);
+        # a loop's later rounds start from the round before instead (a restore would replay its
+        # back-edge log into the loop once more)
         _restore(host, [v[0] for v in inputs_of.values()], p)
     # what counts as committed: the sinks that write (in a rewind, the new cone's)
     host.writers = [op for op in ops if isinstance(op, SinkOp) and (not rewind or op.node.id in cone)]

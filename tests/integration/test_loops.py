@@ -232,12 +232,15 @@ def add_three() -> str:
 
 
 def test_rewind_of_a_loop_body_from_a_checkpoint(spark, tmp_path):
-    """An abs run of the ADD/SUBTRACT loop, rewound to epoch E from a checkpoint (its loop
-    heads' back-edge logs replayed) with ADD(3) instead of ADD(2) inside the loop: every
-    record of an epoch before E keeps its +2, every later one gets +3, each -1 once."""
+    """An abs run of the ADD/SUBTRACT loop, rewound from a checkpoint (its loop heads'
+    back-edge logs replayed) to the first epoch one can start, with ADD(3) instead of ADD(2)
+    inside the loop: every record of an epoch before it keeps its +2, every later one gets +3,
+    each -1 once. The input is large enough that the loop's heads hold their 200,000 records
+    of later epochs and stop the sources: checkpoints fall inside the input."""
     from nosync.tools.rewind import rewind
+    from nosync.tools.runinfo import inspect_run
 
-    records, per_epoch, epoch = 300_000, 30_000, 3
+    records, per_epoch = 1_000_000, 100_000
     ns.run(
         os.path.join(PIPELINES, "add_subtract_loop.py"),
         mode="abs",
@@ -248,6 +251,9 @@ def test_rewind_of_a_loop_body_from_a_checkpoint(spark, tmp_path):
         epoch_records=per_epoch,
         params={"records": str(records), "output": str(tmp_path / "out")},
     )
+    epoch = inspect_run(str(tmp_path / "run"))["checkpoints"]["rewind_from_epoch"]
+    last = (records // 2 - 1) // per_epoch
+    assert epoch is not None and epoch <= last, f"no checkpoint inside the input (first epoch {epoch})"
     (tmp_path / "add_three.py").write_text(add_three())
     r = rewind(
         str(tmp_path / "run"),
