@@ -104,7 +104,8 @@ class LoopHead(Op):
         self.round_max = 0
         self.cuts: dict[int, dict] = {}
         """abs: checkpoint -> the head's snapshot and the back-edge log being recorded."""
-        self.log_bytes = 0
+        self.to_replay: list = []
+        """abs: the back-edge log of the checkpoint restored, for `replay_log`."""
         self._busy = False
         self._again = False
 
@@ -299,13 +300,12 @@ class LoopHead(Op):
         meta["backedge_bytes"] = len(codec.pack(cut["log"]))
         meta["backedge_records"] = sum(len(x[2]) for x in cut["log"] if x[1] == RECORDS)
         meta["backedge_ms"] = (time.perf_counter() - cut["t0"]) * 1000
-        self.log_bytes += meta["backedge_bytes"]
         return meta
 
     def replay_log(self) -> None:
         """After a restore (every operator restored): the back-edge log goes into the loop again,
         in the order it was recorded."""
-        log, self.to_replay = getattr(self, "to_replay", []), []
+        log, self.to_replay = self.to_replay, []
         for chan, kind, *rest in log:
             chan = tuple(chan)
             if kind == RECORDS:

@@ -61,7 +61,7 @@ from nosync.api.plan import plan
 from nosync.errors import NosyncError, PipelineError, RunFailed
 from nosync.runtime.graph import graph_edges
 from nosync.spark.session import get_spark
-from nosync.spark.stages import loop_blocks, stages
+from nosync.spark.stages import loop_blocks, stage_entries, stages
 from nosync.spark.tasks import ERROR, HERE, SCHEMA, STATS, echo, sources_task, stage_task
 
 DEFAULT_EPOCH_RECORDS = 10_000
@@ -204,11 +204,9 @@ def run_rounds(
     from pyspark.sql import functions as F  # lazy: see `_slots`
 
     workers = spec["workers"]
-    entry = {}
-    for e in graph_edges(p):
-        st = stage[e.dst]
-        if a <= st <= b:
-            entry.setdefault(st, e.id)
+    # rows that make every destination's task of every stage run in every round: its
+    # operators carry their state from round to round even when nothing reaches them
+    entry = stage_entries(p, stage)
     here = spark.createDataFrame(
         [(w, entry[st], w, 0, HERE, -1, b"") for st in range(a, b + 1) if st in entry for w in range(workers)],
         SCHEMA,

@@ -35,6 +35,15 @@ def stages(p: PhysicalPlan) -> dict[int, int]:
     return stage
 
 
+def stage_entries(p: PhysicalPlan, stage: dict[int, int]) -> dict[int, int]:
+    """Per stage after the first, one edge that enters it from an earlier stage."""
+    out: dict[int, int] = {}
+    for e in p.edges:
+        if stage[e.dst] > stage[e.src]:
+            out.setdefault(stage[e.dst], e.id)
+    return out
+
+
 def round_nodes(p: PhysicalPlan) -> set[int]:
     """The operators of the loops whose body crosses workers: head, body, tail."""
     out: set[int] = set()

@@ -27,7 +27,7 @@ from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.loops import ROUND_BITS, LoopHead
 from nosync.runtime.operators import EOS, SinkOp, SourceOp
-from nosync.spark.stages import dump_ops, resume_round, round_nodes, round_path, stages
+from nosync.spark.stages import dump_ops, resume_round, round_nodes, round_path, stage_entries, stages
 from nosync.state import checkpoints
 from nosync.state.checkpoints import restore_keyed
 from nosync.state.inputlog import InputLog
@@ -448,15 +448,6 @@ def fail_fast(task: Any) -> Any:
     return run
 
 
-def _entries(p: PhysicalPlan, stage: dict[int, int]) -> dict[int, int]:
-    """Per stage after the first, one edge that enters it from an earlier stage."""
-    out: dict[int, int] = {}
-    for e in graph_edges(p):
-        if stage[e.dst] > stage[e.src]:
-            out.setdefault(stage[e.dst], e.id)
-    return out
-
-
 def _read_sources(p: PhysicalPlan, stage: dict[int, int], host: _Host) -> None:
     """Stage 0 on one worker: its sources read to the end (or to epoch `until_epoch`), the
     rows for later stages left in `host.rows`."""
@@ -469,7 +460,7 @@ def _read_sources(p: PhysicalPlan, stage: dict[int, int], host: _Host) -> None:
     if restore is not None:
         # every later stage runs this worker's task, so that its operators hand back
         # their state and close their sinks even if no record or marker reaches them
-        for e in _entries(p, stage).values():
+        for e in stage_entries(p, stage).values():
             host.rows.append((host.index, e, host.index, 0, HERE, -1, b""))
     sources = [op for op in ops if isinstance(op, SourceOp)]
     until = spec.get("until_epoch")
