@@ -38,12 +38,14 @@ from lsm.errors import (
     StoreLockedError,
     ValueEncodingError,
 )
+from lsm.seed import Image, seed
 from lsm.store import Snapshot, Store, StoreOptions, Updates
 
 __all__ = [
     "TOMBSTONE",
     "CorruptLogError",
     "FormatVersionError",
+    "Image",
     "KeyEncodingError",
     "LsmError",
     "PersistError",
@@ -56,4 +58,5 @@ __all__ = [
     "StoreOptions",
     "Updates",
     "ValueEncodingError",
+    "seed",
 ]

@@ -176,6 +176,9 @@ class Persister(threading.Thread):
                 b.body = pack_map_parts(runs)
             records.append((b.seq, b.body))
         s._log.append(records)
+        tell = s.options.on_logged
+        if tell is not None:
+            tell([(seq, body if type(body) is bytes else b"".join(body)) for seq, body in records])
         with s._cond:
             s._logged = max(s._logged, batches[-1].seq)
             s._durable_disk = max(s._durable_disk, s._logged)

@@ -49,7 +49,8 @@ from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.persister import Persister
 from lsm.records import Record
 from lsm.remote import RemoteTier
-from lsm.run import MISSING, PendingRun, RunView, join_pairs, truncate
+from lsm.run import MISSING, PendingRun, RunView, image, join_pairs, truncate
+from lsm.seed import Image
 
 LEVELS = ("memory", "disk", "remote")
 DEFAULT_REMOTE = ""
@@ -83,6 +84,10 @@ class StoreOptions:
     compactor rests c * (1/budget - 1) seconds. 0 or less: no merges on their own."""
     uploads: bool = False
     """Whether runs go to the remote tier at all (only a store whose tier is remote)."""
+    on_logged: Any = None
+    """Called by the persister, on its thread, with [(seq, record body)] of the records it just
+    wrote to the local log, in seq order (the bytes a replica of the log holds: `seed`
+    rebuilds a store from them). It must not block: hand the bytes to another thread."""
 
 
 @dataclass
@@ -574,6 +579,28 @@ class Store:
     def runs(self, state: Any) -> list[tuple[int, int, int]]:
         """(lo, hi, entries) of each run of `state`, oldest first: what a load applies."""
         return [(r.lo, r.hi, r.n + r.npairs) for r in reversed(self._runs(encode_key(state), self._view, MAX_SEQ))]
+
+    def image(self, horizon: int | None = None) -> Image:
+        """A base image of every state as it stands now: one run per state holding each live
+        key's newest value and the older versions a read at or after `horizon` (default: now)
+        can see, and the seq it stands at. Made from one read view (batches not yet indexed
+        included), so merges and appends meanwhile change nothing in it; it decodes every run,
+        so call it off the processing thread. `seed` makes a store of it."""
+        with self._lock:
+            view, seq = self._view, self._last
+        at = seq if horizon is None else min(horizon, seq)
+        if self._closed:
+            raise StoreClosedError(f"store {self.path} is closed")
+        batches, catalog, _, _ = view
+        names = set(catalog)
+        for b in batches:
+            names.update(b.runs)
+        rows = []
+        for sb in sorted(names):
+            runs = list(reversed(self._runs(sb, view, MAX_SEQ)))
+            if runs:
+                rows.append((sb, image(runs, seq, at)))
+        return Image(seq, max(at, self._disk.horizon), rows)
 
     # -- durability ----------------------------------------------------------------
 

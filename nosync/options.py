@@ -14,8 +14,9 @@ from typing import Any
 
 from nosync.errors import NosyncError
 
-TIERS = ("disk", "remote")
-"""Where a snapshot must be durable before it counts."""
+TIERS = ("disk", "remote", "replicated")
+"""Where a snapshot must be durable before it counts: the worker's local disk, the remote
+tier, or the memory of --replicas peers (mode nosync)."""
 
 
 def _opt(default: Any, help: str, **meta: Any) -> Any:
@@ -47,7 +48,19 @@ class RunOptions:
     )
     checkpoint_ms: int = _opt(1000, "abs: checkpoint interval.", min=1)
     checkpoint_tier: str = _opt(
-        "disk", "abs, nosync: where a snapshot must be durable before it counts.", choices=TIERS
+        "disk",
+        "abs, nosync: where a snapshot must be durable before it counts: the local disk, the remote tier, or "
+        "(nosync) the memory of --replicas peers.",
+        choices=TIERS,
+    )
+    replicas: int | None = _opt(
+        None,
+        "nosync: peers that hold a copy of each worker's store in memory (the replicated level; default: 1 "
+        "with --checkpoint-tier replicated, else 0).",
+        min=0,
+    )
+    replica_memory_mb: int = _opt(
+        1024, "nosync: MB of copies of other workers' stores a worker holds at most (the replicated level).", min=1
     )
     max_concurrent_checkpoints: int = _opt(1, "abs: checkpoints in flight at once.", min=1)
     checkpoint_timeout_ms: int = _opt(60_000, "abs: a checkpoint not complete by then is aborted.", min=1)
@@ -115,11 +128,33 @@ class RunOptions:
                 f"--replay-threshold-records is for mode nosync (a recovery's span re-executed by a Spark "
                 f"batch job), not mode {self.mode}"
             )
+        if self.replicas is not None and self.replicas >= self.workers:
+            raise NosyncError(
+                f"--replicas {self.replicas} needs more workers than replicas: each copy goes to another worker, "
+                f"and there are --workers {self.workers}"
+            )
+        if self.replicas and self.mode != "nosync":
+            raise NosyncError(f"--replicas is for mode nosync (the replicated level), not mode {self.mode}")
+        if self.checkpoint_tier == "replicated":
+            if self.mode == "abs":
+                raise NosyncError(
+                    f"--checkpoint-tier replicated is mode nosync's level (copies in peers' memory); mode "
+                    f"{self.mode} takes disk or remote"
+                )
+            if self.replicas == 0:
+                raise NosyncError("--checkpoint-tier replicated needs --replicas 1 or more")
         if self.mode == "replay" and self.epoch_ms is not None:
             raise NosyncError(
                 "mode replay recomputes lost state epoch by epoch from the sources: cut epochs by records "
                 "(--epoch-records), not by time (--epoch-ms)"
             )
+
+    @property
+    def replica_count(self) -> int:
+        """The peers that hold a copy of each worker's store (0: no replicated level)."""
+        if self.replicas is not None:
+            return self.replicas
+        return 1 if self.checkpoint_tier == "replicated" else 0
 
     def but(self, **changes: Any) -> RunOptions:
         """These options with `changes`, validated again; a name that is no option is an error

@@ -45,7 +45,13 @@ LINEAGE = 6
 chan_seq the receiver should send again) and 'lin' (lineage entries the sender holds for the
 receiver, by origin)."""
 
-KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL, EVENT, LINEAGE})
+REPLICA = 7
+"""The replicated level (mode nosync, `nosync.state.replicas`): a part of a message between a
+worker and a holder of copies of its store - records, a base image, an acknowledgement, a
+fetch and its answer. Header: op, and what the op needs; body: bytes of the message's blob.
+Needs no credit."""
+
+KINDS = frozenset({DATA, MARKER, CREDIT, CONTROL, EVENT, LINEAGE, REPLICA})
 
 
 class Frame(NamedTuple):

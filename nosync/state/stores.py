@@ -3,6 +3,7 @@ to read, and a keyed operator's state loaded from one."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +24,23 @@ def read_store(path: str) -> Any:
     return lsm.Store(path, budget=0, uploads=False)
 
 
+def remote_of(path: str) -> str:
+    """Where the remote tier of the store at `<run dir>/state/w<i>/<name>` lives:
+    `<run dir>/remote/w<i>/<name>`, outside the worker's local root `state/w<i>` (what a lost
+    machine takes with it)."""
+    head, name = os.path.split(os.path.abspath(path))
+    state, wdir = os.path.split(head)
+    return os.path.join(os.path.dirname(state), "remote", wdir, name)
+
+
 def open_store(worker: Worker, path: str, what: str, **options: Any) -> Any:
     """Opens the `lsm` store at `path` for `worker`, waiting (with heartbeats) while the
-    process of an attempt being killed still holds its lock; `what` names it in errors."""
+    process of an attempt being killed still holds its lock; `what` names it in errors. A new
+    store keeps its remote tier outside the worker's local root (`remote_of`); an existing one
+    where its manifest says (a copy made by a tool reads its original's)."""
     deadline = time.monotonic() + LOCK_WAIT_S
+    if not os.path.exists(os.path.join(path, "MANIFEST")):
+        options.setdefault("remote", remote_of(path))
     while True:
         try:
             return lsm.Store(path, **options)

@@ -16,7 +16,7 @@ import lsm
 from lsm.files import copy_store, scratch_near, tree_bytes
 from nosync.errors import NosyncError
 from nosync.spark.batch import epoch_records_of
-from nosync.state.stores import read_store
+from nosync.state.stores import read_store, remote_of
 from nosync.tools.starts import SnapshotLogs, iter_usable_checkpoints
 
 TIERS = ("log", "disk", "remote")
@@ -49,6 +49,8 @@ def _stores(run_dir: str) -> list[dict]:
             if os.path.isdir(path):
                 row = {"worker": int(m.group(1)), "store": name, "path": path}
                 row.update({f"{t}_bytes": tree_bytes(os.path.join(path, t)) for t in TIERS})
+                # a store made since the remote tier moved out of the worker's local root
+                row["remote_bytes"] += tree_bytes(remote_of(path))
                 out.append(row)
     return out
 

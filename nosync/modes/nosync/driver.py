@@ -117,6 +117,7 @@ class NosyncMode(Mode):
                         r["span_reason"] = msg.get("span_reason")
                         r["span_parts"] = msg.get("span_parts") or {}
                     r["restored_step"] = int(msg["restored_step"])
+                    r.setdefault("restored_from", {})[str(worker)] = msg.get("restored_from")
                     break
             return
         if msg.get("op") != NosyncOp.DURABLE:
@@ -252,6 +253,21 @@ class NosyncMode(Mode):
             "output_log_spilled_frames": total("output_log_spilled_frames"),
             "residue_frames_resent": total("residue_frames_resent"),
             "input_logged_records": total("input_logged_records"),
+            "durable_seqs": {
+                w: d.get("metrics", {}).get("mode", {}).get("durable_seqs") for w, d in sorted(coord.done.items())
+            },
+            "level_lag_ms_max": {
+                level: 1000 * max(m.get("level_lag_s", {}).get(level, 0.0) for m in per)
+                for level in sorted({k for m in per for k in m.get("level_lag_s", {})})
+            },
+            "replicas": self.options.replica_count,
+            "replica_bytes_sent": total("replica_bytes_sent"),
+            "replica_base_images": total("replica_base_images"),
+            "replica_holder_losses": total("replica_holder_losses"),
+            "replica_bytes_held_peak": max((m.get("replica_bytes_held_peak", 0) for m in per), default=0),
+            "replica_holders_over_budget": {
+                k: v for m in per for k, v in (m.get("replica_holders_over_budget") or {}).items()
+            },
             "safe_point": self.safe,
             "safe_points": len(self.safe_rows),
             "recoveries": self.recoveries,

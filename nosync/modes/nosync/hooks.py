@@ -56,6 +56,7 @@ import xxhash
 from lineage import Stash, Step
 from nosync.errors import RunFailed
 from nosync.modes.nosync import recovery, span
+from nosync.modes.nosync.levels import STORE, Levels
 from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.outlog import OutputLog
 from nosync.modes.nosync.snapshots import RETENTION, Pending, Snapshots
@@ -87,7 +88,7 @@ at full speed while it replays (about 50 MB held). Beyond it, a frame that arriv
 credit until the replay processes it."""
 
 
-class NosyncHooks(Snapshots, WorkerHooks):
+class NosyncHooks(Snapshots, Levels, WorkerHooks):
     """The worker half of mode nosync: logs every step as lineage, numbers and keeps the frames it
     sends, persists lineage points and snapshots, and recovers a worker alone."""
 
@@ -142,6 +143,12 @@ class NosyncHooks(Snapshots, WorkerHooks):
         self.load_wait_s = 0.0
         self.load_s = 0.0
         self.outlog: OutputLog | None = None
+        self.level_marks: deque = deque()
+        """(seq, time) of appends some level does not hold yet."""
+        self.level_lag_s: dict[str, float] = {}
+        self.restoring = False
+        self.seeded_from: dict | None = None
+        self.lost_store = False
         self._reset()
 
     def _reset(self) -> None:
@@ -249,6 +256,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
     def accept_frame(self, worker: Worker, j: int, f: Any) -> bool:
         """Whether a frame from worker `j` is processed now: not a LINEAGE frame, one processed
         before (its fingerprint checked) or one queued during a replay; a gap fails the run."""
+        if self.replica_frame(worker, j, f):
+            return False
         if f.kind == frames.LINEAGE:
             self._on_lineage(worker, j, f)
             return False
@@ -399,6 +408,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
             conn = worker.connect_peer(j, list(message["address"]), int(message.get("attempt", 0)))
             conn.send_uncounted(self.lineage_frame(j))
             self._try_resume(worker, j)
+            if self.replicas is not None:
+                self.replicas.serve(worker)  # the copies it asked for, now that it is connected
 
     def _on_points(self, worker: Worker, message: dict) -> None:
         me = worker.index
@@ -468,7 +479,10 @@ class NosyncHooks(Snapshots, WorkerHooks):
             retention=1 << 62,
             budget=self.budget,
             uploads=self.tier == "remote",
+            on_logged=None if self.replicas is None else (lambda recs: self.replicas.logged(STORE, recs)),
         )
+        if self.replicas is not None:
+            self.replicas.add_store(STORE, self.store, horizon=lambda: self.kept[-1] if self.kept else None)
 
     def on_start(self, worker: Worker, peers: dict) -> None:
         """Opens the store, the output log and the input logs of unreplayable sources; a restore or
@@ -487,6 +501,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
                 # a cut every quarter of the threshold (64 steps at least: a cut's entry is
                 # bigger than the others, and frame headers carry a bounded number of entries)
                 self.cut_steps = max(64, int(self.threshold) // (4 * worker.batch_size))
+        restore = self.restoring = bool(peers.get("restore")) or worker.attempt > 0
+        self._levels_start(worker)
         self._open_store(worker)
         self.input_logs = []
         for i, src in enumerate(worker.sources):
@@ -494,9 +510,8 @@ class NosyncHooks(Snapshots, WorkerHooks):
                 if self.inputs is None:
                     path = input_store_path(worker.spec["run_dir"], worker.index)
                     self.inputs = open_store(worker, path, f"the input log {path}", retention=0)
-                src.source = InputLog(src.source, i, self.inputs, self.tier)
+                src.source = InputLog(src.source, i, self.inputs, self.store_tier)
                 self.input_logs.append(src.source)
-        restore = bool(peers.get("restore")) or worker.attempt > 0
         self.alone = bool(peers.get("alone"))
         for j in worker.out:
             self.up[j] = False
@@ -565,7 +580,7 @@ class NosyncHooks(Snapshots, WorkerHooks):
             "lineage_entries": sum(len(self.stash.entries(o)) for o in self.stash.origins()),
             "input_logged_records": sum(x.logged_records for x in self.input_logs),
             "input_log_s": sum(x.log_s for x in self.input_logs),
-        }
+        } | self.levels_metrics()
 
     def close(self, worker: Worker) -> None:
         """Stops the bulk loader and closes the output log and the stores (an error closing a

@@ -61,6 +61,7 @@ def recover(h: Any, worker: Worker) -> None:
     """Restores worker `worker` from its store and replays its steps (`on_start` of a restart)."""
     t0 = time.perf_counter()
     restore(h, worker)
+    h.take_held_back(worker)  # what arrived while its copies were fetched (a lost machine)
     h.read_restored = sum(s.records_in for s in worker.sources)
     h.recovered = True
     h.restore_meta_s = time.perf_counter() - t0
@@ -92,6 +93,7 @@ def recover(h: Any, worker: Worker) -> None:
             span_s=h.span_s,
             span_parts=h.span_parts,
             span_reason=h.span_reason,
+            restored_from=h.restored_from(),
         )
     )
 

@@ -101,7 +101,8 @@ class Snapshots:
             size = self.store.append(seq, runs)
         except ValueEncodingError as e:
             raise worker.ops[e.state].state_error(e) from None
-        self.store.persist(self.tier)
+        self.store.persist(self.store_tier)
+        self.level_marks.append((seq, time.monotonic()))
         self.unpersisted += size
         read = sum(s.records_in for s in worker.sources)
         self.pending.append(Pending(seq, self.step, frontier, snapshot, size, read))
@@ -169,6 +170,7 @@ class Snapshots:
         one is due, a cut with a replay threshold, and takes in the appends made durable."""
         if self.loader is not None:
             self.loader.install_done(worker)
+        self._replicate(worker)
         now = time.monotonic()
         if worker.sinks:
             ended = all(s.frontier == EOS for s in worker.sinks)
@@ -204,7 +206,7 @@ class Snapshots:
     def _durable(self, worker: Worker) -> None:
         """Takes in the appends the store made durable: the worker's durable point moves, and
         each durable snapshot sets the next interval from what it cost."""
-        durable = self.store.durable(self.tier)
+        durable = self.durable_seq_now()
         if self.pending[0].seq > durable:
             if self.store.error is not None:
                 log.warning("worker %s: persisting: %s", worker.index, self.store.error)

@@ -1,0 +1,76 @@
+"""A store rebuilt from a copy held elsewhere: a base image and the log records after it.
+
+A replica of a store (another process's memory, say) holds what `Store.image` made of it and
+the records the persister reported logging since (`StoreOptions.on_logged`). `seed` writes
+them into a directory that holds no store, as the store itself would have: the image's runs
+on the disk tier with its seq as the applied marker and its horizon, the records in the
+local log. `Store(path)` then opens it like any other: it replays the records, and reads
+whatever its remote tier holds beyond them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from typing import NamedTuple
+
+from lsm.disk import DiskTier
+from lsm.errors import LsmError, StoreLockedError
+from lsm.log import Log
+from lsm.manifest import Manifest, read_manifest, write_manifest
+
+
+class Image(NamedTuple):
+    """A base image of a store: every state as one run, as of `seq`, with the versions a read
+    at or after `horizon` can see."""
+
+    seq: int
+    horizon: int
+    rows: list[tuple[bytes, bytes]]
+    """(encoded state name, run bytes) of each state."""
+
+
+def seed(
+    path: str,
+    base: Image | None,
+    records: list[tuple[int, bytes]],
+    remote: str | None = None,
+    segment_bytes: int = 64 << 20,
+) -> int:
+    """Makes `path`, which must hold no store yet, a store holding `base` and the log
+    `records` ((seq, body) in seq order; those at or below the image's seq are skipped) above
+    it; `remote` is its remote tier (default: `<path>/remote`). Returns the last seq it holds
+    (-1: none). Raises LsmError when `path` holds a store already, StoreLockedError when a
+    process holds its lock."""
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreLockedError(path) from None
+        if read_manifest(path) is not None or os.path.exists(os.path.join(path, "disk")):
+            raise LsmError(f"{path} holds a store already: a store is seeded only into an empty directory")
+        last = -1
+        disk = DiskTier(os.path.join(path, "disk"))
+        try:
+            if base is not None:
+                disk.write(base.rows, applied=base.seq, sync=True)
+                disk.set_horizon(base.horizon)
+                last = base.seq
+        finally:
+            disk.close(settle=True)
+        after = [(seq, body) for seq, body in records if seq > last]
+        if after:
+            log = Log(os.path.join(path, "log"), segment_bytes)
+            log.open(after=last)
+            try:
+                log.append(after)
+            finally:
+                log.close()
+            last = after[-1][0]
+        # the manifest last: a directory without one is no store, and is seeded again
+        write_manifest(path, Manifest.new(remote or ""))
+        return last
+    finally:
+        os.close(fd)

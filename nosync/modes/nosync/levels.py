@@ -1,0 +1,152 @@
+"""The persistence levels of a nosync worker (`NosyncHooks`, which holds the state): memory,
+the replicated level (copies of its store in peers' memory, `nosync.state.replicas`), the
+local disk and the remote tier.
+
+`--checkpoint-tier` names the level an append must reach before it counts (the worker's
+durable point, what sinks commit by). The others are kept as far as they go, and each
+level's durable seq and how far it lagged behind the appends (the longest an append waited
+to reach it) are reported. A worker that restarts without its local store (a lost machine)
+seeds it from the best copy its holders have before it opens it; its remote tier adds what
+it holds beyond.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import lsm
+from nosync.runtime import frames
+from nosync.state.layout import store_path
+from nosync.state.replicas import Replicas
+from nosync.state.stores import remote_of
+
+if TYPE_CHECKING:
+    from nosync.runtime.worker import Worker
+
+STORE = "nosync"
+"""The name the worker's store goes by among its replicas."""
+
+
+class Levels:
+    """The levels of `NosyncHooks`; its attributes are the hooks'."""
+
+    replicas: Replicas | None = None
+    held_back: list | None = None
+    """Frames that arrived while a restarting worker fetched its copies: taken after its restore."""
+
+    @property
+    def store_tier(self) -> str:
+        """The level of the store a snapshot waits for: the replicated level's records leave
+        once they are on the local disk."""
+        return "disk" if self.tier == "replicated" else self.tier
+
+    def _levels_start(self, worker: Worker) -> None:
+        """Makes the worker's replicas (once per process: a holder's copies outlast a
+        generation) and, for a restart whose local store is gone, seeds it from them."""
+        o = self.options
+        if o.replica_count and self.replicas is None:
+            self.replicas = Replicas(worker.index, worker.workers, o.replica_count, o.replica_memory_mb << 20)
+        for name in self._level_names():
+            self.level_lag_s.setdefault(name, 0.0)
+        path = store_path(worker.spec["run_dir"], worker.index)
+        self.lost_store = self.restoring and not os.path.exists(os.path.join(path, "MANIFEST"))
+        if self.replicas is not None and self.lost_store:
+            self._seed_from_replicas(worker, path)
+
+    def restored_from(self) -> str:
+        """Where a restoring worker's store came from: its own disk, a peer's copy (a lost
+        machine), the remote tier, or nowhere (it starts over)."""
+        if not self.lost_store:
+            return "disk"
+        if self.seeded_from is not None:
+            return "replica"
+        return "remote" if self.store is not None and self.store.last_seq >= 0 else "nothing"
+
+    def _level_names(self) -> list[str]:
+        names = ["disk"]
+        if self.replicas is not None:
+            names.append("replicated")
+        if self.tier == "remote":
+            names.append("remote")
+        return names
+
+    def _seed_from_replicas(self, worker: Worker, path: str) -> None:
+        """Asks the holders for their copies (frames of other kinds that arrive meanwhile are
+        held back) and seeds the store directory from the one that goes furthest."""
+        t0 = time.perf_counter()
+        self.held_back = []
+
+        def pump(wait: float) -> None:
+            worker.pump(wait)
+            worker.flush_peers()
+            worker.keepalive()
+
+        best = self.replicas.fetch(worker, pump)
+        got = best.get(STORE)
+        if got is not None:
+            img, records = got
+            last = lsm.seed(path, img, records, remote=remote_of(path))
+            self.seeded_from = {"seq": last, "records": len(records), "seconds": time.perf_counter() - t0}
+
+    def take_held_back(self, worker: Worker) -> None:
+        """Takes the frames held back during a fetch, in their order (after the restore)."""
+        held, self.held_back = self.held_back, None
+        for j, f in held or ():
+            if self.accept_frame(worker, j, f):
+                worker.process_frame(j, f)
+
+    def replica_frame(self, worker: Worker, j: int, f: Any) -> bool:
+        """Whether `accept_frame` is done with frame `f` from worker `j`: a REPLICA frame, or
+        one held back while copies are fetched."""
+        if f.kind == frames.REPLICA:
+            if self.replicas is not None:
+                self.replicas.on_frame(worker, j, f)
+            return True
+        if self.held_back is not None:
+            self.held_back.append((j, f))
+            return True
+        return False
+
+    def _replicate(self, worker: Worker) -> None:
+        """Sends the records logged since the last poll to the holders, and measures how far
+        each level lags."""
+        if self.replicas is not None:
+            self.replicas.poll(worker, lambda j: bool(self.up.get(j)))
+        marks = self.level_marks
+        if not marks:
+            return
+        now = time.monotonic()
+        low = None
+        for name in self.level_lag_s:
+            d = self._durable_at(name)
+            low = d if low is None else min(low, d)
+            for seq, t in marks:
+                if seq > d:
+                    self.level_lag_s[name] = max(self.level_lag_s[name], now - t)
+                    break
+        while marks and marks[0][0] <= low:
+            marks.popleft()
+
+    def _durable_at(self, level: str) -> int:
+        if level == "replicated":
+            return self.replicas.durable(STORE)
+        return self.store.durable(level)
+
+    def durable_seq_now(self) -> int:
+        """The seq of the store that reached the level a snapshot waits for."""
+        return self._durable_at(self.tier)
+
+    def levels_metrics(self) -> dict:
+        """Each level's durable seq, how long an append waited at most to reach it, and what the
+        replicated level sent and holds."""
+        out: dict = {"level_lag_s": dict(self.level_lag_s)}
+        if self.store is not None:
+            out["durable_seqs"] = {"memory": self.store.last_seq} | {
+                name: self._durable_at(name) for name in self._level_names()
+            }
+        if self.replicas is not None:
+            out.update(self.replicas.metrics())
+        out["seeded_from_replica"] = self.seeded_from
+        return out
