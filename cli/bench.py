@@ -198,13 +198,33 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
     show_default=True,
     help="Killed runs per mode, the modes taking turns; the median is reported.",
 )
+@click.option(
+    "--failure",
+    type=click.Choice(["process", "machine"]),
+    default="process",
+    show_default=True,
+    help="process: a SIGKILL; machine: the worker's local root goes with it.",
+)
+@click.option(
+    "--tiers",
+    default=None,
+    help="Comma-separated levels each mode runs with (disk, replicated, remote; a column each). "
+    "Default: disk; with --failure machine, replicated,remote.",
+)
 @master_option()
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
-def bench_recovery(modes, workers, keys, records, interval_ms, reps, master, as_json) -> None:
-    """Kills one worker mid-run; prints recovery time and records reprocessed per mode."""
+def bench_recovery(modes, workers, keys, records, interval_ms, reps, failure, tiers, master, as_json) -> None:
+    """Kills one worker mid-run; prints recovery time and records reprocessed per mode (and level)."""
     from experiments.bench import recovery
+    from nosync.options import TIERS
 
     picked = _modes(modes)
+    levels = None
+    if tiers:
+        levels = [t.strip() for t in tiers.split(",") if t.strip()]
+        bad = [t for t in levels if t not in TIERS]
+        if bad:
+            raise click.UsageError(f"--tiers: {bad[0]!r} is no level; levels are {', '.join(TIERS)}")
     if "none" in picked:
         raise click.UsageError("mode none does not recover; give modes that do (abs, nosync, replay)")
     _report(
@@ -218,6 +238,8 @@ def bench_recovery(modes, workers, keys, records, interval_ms, reps, master, as_
             interval_ms=interval_ms,
             reps=reps,
             progress=progress,
+            failure=failure,
+            tiers=levels,
         ),
         recovery.render,
         as_json,

@@ -19,6 +19,7 @@ NAMES = (
     "snapshot-size",
     "budget",
     "cycles",
+    "failure-classes",
 )
 
 

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from experiments.chaos import PROGRESS_EVENTS, Events
+from experiments.failures import lose_machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEYED_COUNT = os.path.join(HERE, "workloads", "keyed_count.py")
@@ -181,8 +182,10 @@ def recovery(
     options: dict | None = None,
     after_event: bool = True,
     workload: tuple[str, dict, int] | None = None,
+    failure: str = "process",
 ) -> dict:
-    """A run in which worker W-1 is killed once `kill_after` of the records are read (half, by
+    """A run in which worker W-1 is killed (with `failure` "machine", its local root is lost
+    too: `experiments.failures`) once `kill_after` of the records are read (half, by
     default), after the mode's first progress event (a completed checkpoint, a safe point, a
     committed epoch; not waited for without `after_event`). `options` go to the run. With
     `phase` in [0, 1), the kill waits for the next progress event after that point and comes
@@ -204,6 +207,8 @@ def recovery(
         except ProcessLookupError:
             return  # the run had ended: it reports no recovery
         now = time.time()
+        if failure == "machine":
+            lose_machine(d, victim)
         killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))
         progress(f"mode {mode}: killed worker {victim} at {state['read']:,} records read")
 
@@ -255,6 +260,7 @@ def recovery(
             "detection_s": r.get("detection_s"),
             "records_reprocessed": r.get("records_reprocessed"),
             "frames_replayed": r.get("frames_replayed"),
+            "restored_from": (r.get("restored_from") or {}).get(str(victim)) or "-",
             "kill_missed": False,
             "killed_at_read": killed.get("at_read"),
             "killed_at_s": killed.get("at_s"),

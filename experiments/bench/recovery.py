@@ -9,6 +9,11 @@ the progress samples), `caught_up_s` (failure to every worker having read again 
 before it: the work lost, redone), `restore_s` (failure to every worker processing again), `detection_s`
 (how long the lost worker had been silent when its loss was seen: an upper bound of the
 detection delay), and `records_reprocessed` (records read again because of the failure).
+
+`failure` "machine" loses the victim's local root with its process (`experiments.failures`):
+each mode then runs once per level it can recover from (`tiers`; default: the replicated level
+and the remote tier), each a column `mode@tier`, and `restored_from` says where the victim's
+state came from.
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ def run(
     interval_ms: int = 1000,
     reps: int = 1,
     progress: Any = lambda m: None,
+    failure: str = "process",
+    tiers: list[str] | None = None,
 ) -> dict:
+    from experiments.failures import needs
     from experiments.measure import recovery
+    from nosync.errors import NosyncError
     from nosync.spark.session import get_spark
 
     # the kill comes at half the records: the other half must outlast the recovery, or a
@@ -44,17 +53,43 @@ def run(
         "records": records,
         "interval_ms": interval_ms,
         "reps": reps,
+        "failure": failure,
         "modes": {},
     }
-    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    if tiers is None:
+        tiers = ["disk"] if failure == "process" else ["replicated", "remote"]
+    # (column, mode, tier) of every run a rep makes; a level a mode cannot recover from is left out
+    configs = [
+        (m if len(tiers) == 1 else f"{m}@{t}", m, t)
+        for m in modes
+        for t in tiers
+        if needs(m, failure, t, None) is None and not (t == "replicated" and m != "nosync")
+    ]
+    if not configs:
+        raise NosyncError(f"no mode of {', '.join(modes)} recovers from --failure {failure} on {', '.join(tiers)}")
+    out["skipped"] = [f"{m}@{t}" for m in modes for t in tiers if (f"{m}@{t}", m, t) not in configs and len(tiers) > 1]
+    runs: dict[str, list[dict]] = {c: [] for c, _, _ in configs}
     work = tempfile.mkdtemp(prefix="nosync-bench-recovery-")
     try:
         for rep in range(reps):
             # the modes take turns, so that a slow spell of the machine falls on each alike
-            for mode in modes:
-                progress(f"mode {mode}, run {rep + 1}/{reps}: keyed_count, {keys:,} keys, {records:,} records")
-                d = os.path.join(work, f"{mode}-{rep}")
-                runs[mode].append(recovery(spark, d, mode, workers, keys, records, interval_ms, progress=progress))
+            for col, mode, tier in configs:
+                progress(f"{col}, run {rep + 1}/{reps}: keyed_count, {keys:,} keys, {records:,} records, {failure}")
+                d = os.path.join(work, f"{mode}-{tier}-{rep}")
+                runs[col].append(
+                    recovery(
+                        spark,
+                        d,
+                        mode,
+                        workers,
+                        keys,
+                        records,
+                        interval_ms,
+                        tier=tier,
+                        failure=failure,
+                        progress=progress,
+                    )
+                )
                 shutil.rmtree(d, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -88,6 +123,7 @@ def render(r: dict) -> str:
         "detection_s",
         "records_reprocessed",
         "frames_replayed",
+        "restored_from",
         "killed_at_read",
         "records_per_s",
     ]
@@ -98,6 +134,8 @@ def render(r: dict) -> str:
         vals = []
         for m in modes:
             v = r["modes"][m].get(f)
-            vals.append("-" if v is None else f"{v:,.2f}" if isinstance(v, float) else f"{v:,}")
+            vals.append(
+                "-" if v is None else f"{v:,.2f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else v
+            )
         lines.append(f"{f:<{w}}  " + "  ".join(f"{v:>14}" for v in vals))
     return "\n".join(lines)
