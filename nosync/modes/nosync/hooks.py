@@ -509,7 +509,9 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             if not src.source.replayable:
                 if self.inputs is None:
                     path = input_store_path(worker.spec["run_dir"], worker.index)
-                    self.inputs = open_store(worker, path, f"the input log {path}", retention=0)
+                    self.inputs = open_store(
+                        worker, path, f"the input log {path}", retention=0, uploads=self.store_tier == "remote"
+                    )
                 src.source = InputLog(src.source, i, self.inputs, self.store_tier)
                 self.input_logs.append(src.source)
         self.alone = bool(peers.get("alone"))
