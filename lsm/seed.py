@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from typing import NamedTuple
 
 from lsm.disk import DiskTier
@@ -49,8 +50,12 @@ def seed(
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreLockedError(path) from None
-        if read_manifest(path) is not None or os.path.exists(os.path.join(path, "disk")):
+        if read_manifest(path) is not None:
             raise LsmError(f"{path} holds a store already: a store is seeded only into an empty directory")
+        # no manifest: what is there is a seed cut short (a store writes its manifest before
+        # anything else), and goes
+        for part in ("disk", "log"):
+            shutil.rmtree(os.path.join(path, part), ignore_errors=True)
         last = -1
         disk = DiskTier(os.path.join(path, "disk"))
         try:

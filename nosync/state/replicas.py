@@ -240,7 +240,8 @@ class Replicas:
             if h.get("base"):
                 # not even a base image fits: this holder acknowledges nothing more
                 self.state[j] = "over"
-                self.over[j] = f"worker {j}'s replica budget ({self.budget >> 20} MB) is smaller than a base image"
+                budget = int(h.get("budget", self.budget))
+                self.over[j] = f"worker {j}'s replica budget ({budget >> 20} MB) is smaller than a base image"
             else:
                 self.state[j] = "base"
 
@@ -257,6 +258,9 @@ class Replicas:
             self.asked[j] = h.get("attempt")
             self.serve(worker)
             return
+        if int(h.get("part", 0)) == 0:
+            # a first part starts a message: what a lost link cut short of the last one goes
+            self.parts[j] = []
         parts = self.parts.setdefault(j, [])
         if not isinstance(f.body, bytes):
             raise FrameError(f"a replica frame from worker {j} has a body of {type(f.body).__name__}, not bytes")
@@ -276,7 +280,7 @@ class Replicas:
             c = Copy(img)
             if self._total() - (copies[name].nbytes if name in copies else 0) + c.nbytes > self.budget:
                 copies.pop(name, None)
-                self._answer(worker, j, {"op": "full", "store": name, "base": True})
+                self._answer(worker, j, {"op": "full", "store": name, "base": True, "budget": self.budget})
                 return
             copies[name] = c
         elif op == "put":
