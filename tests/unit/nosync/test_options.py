@@ -33,6 +33,10 @@ def test_options_cross_the_wire_unchanged():
         ({"resume": True}, "--run-dir"),
         ({"replay_threshold_records": 5, "mode": "abs"}, "--replay-threshold-records"),
         ({"mode": "replay", "epoch_ms": 100}, "--epoch-ms"),
+        ({"mode": "nosync", "workers": 3, "replicas": 3}, "--workers 3"),
+        ({"mode": "abs", "replicas": 1}, "--replicas"),
+        ({"mode": "abs", "checkpoint_tier": "replicated"}, "replicated"),
+        ({"mode": "nosync", "checkpoint_tier": "replicated", "replicas": 0}, "--replicas 1"),
     ],
 )
 def test_a_bad_option_is_refused_naming_it(changes, named):
@@ -58,9 +62,16 @@ def test_every_run_option_is_a_flag_of_run():
         (["--persist-budget", "1.01"], "--persist-budget"),
         (["--epoch-records", "5", "--epoch-ms", "5"], "--epoch-ms"),
         (["--resume"], "--run-dir"),
+        (["--mode", "nosync", "-w", "2", "--replicas", "2"], "--replicas 2"),
     ],
 )
 def test_run_refuses_bad_options_with_exit_2_before_starting_spark(args, named):
     got = CliRunner().invoke(main, ["run", PIPELINE, *args])
     assert got.exit_code == 2
     assert named in got.output
+
+
+def test_replicas_default_to_one_on_the_replicated_tier_and_to_none_elsewhere():
+    assert RunOptions(mode="nosync", checkpoint_tier="replicated").replica_count == 1
+    assert RunOptions(mode="nosync", checkpoint_tier="remote").replica_count == 0
+    assert RunOptions(mode="nosync", workers=3, checkpoint_tier="remote", replicas=2).replica_count == 2
