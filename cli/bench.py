@@ -122,16 +122,31 @@ def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, 
     )
 
 
-def _modes(value: str) -> list[str]:
+def _modes(value: str, levels: bool = False) -> list[str]:
+    """The modes of a comma-separated list; with `levels`, an entry may name the level its
+    snapshots must reach too (`nosync@replicated`: a column of its own)."""
+    from nosync.options import TIERS
+
     modes = [m.strip() for m in value.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    bad = [
+        m
+        for m in modes
+        if m.partition("@")[0] not in MODES or ("@" in m and (not levels or m.partition("@")[2] not in TIERS))
+    ]
     if bad or not modes:
-        raise click.BadParameter(f"modes are {', '.join(MODES)} (comma-separated), got {value!r}")
+        also = f"; an entry may name a level, mode@{'|'.join(TIERS)}" if levels else ""
+        raise click.BadParameter(f"modes are {', '.join(MODES)} (comma-separated){also}, got {value!r}")
     return modes
 
 
 @bench.command("compare")
-@click.option("--modes", default="none,abs", show_default=True, help="Comma-separated modes; none is the limit.")
+@click.option(
+    "--modes",
+    default="none,abs",
+    show_default=True,
+    help="Comma-separated modes; none is the limit. mode@level runs it with --checkpoint-tier level "
+    "(nosync@replicated, abs@remote), a column of its own.",
+)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=2_000_000, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
@@ -159,7 +174,7 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
     """keyed_count under each mode, with each mode's ratio to mode none, in one command."""
     from experiments.bench import compare
 
-    picked = _modes(modes)
+    picked = _modes(modes, levels=True)
     _report(
         "compare",
         lambda progress: compare.run(
