@@ -66,6 +66,16 @@ def inspect_cmd(run_dir, as_json) -> None:
             else:
                 points = f"last seq {s['last_seq']}, durable on disk {s['disk']}, remote {s['remote']}"
             click.echo(f"  w{s['worker']} {s['store']:<12} {points}")
+    lv = info.get("levels")
+    if lv:
+        lags = ", ".join(f"{k} {v:,.0f} ms" for k, v in lv["lag_ms_max"].items())
+        click.echo(f"levels     durable seqs at the end per worker; longest an append waited: {lags}")
+        for w, seqs in lv["durable_seqs"].items():
+            click.echo(f"  w{w} " + ", ".join(f"{k} {v}" for k, v in (seqs or {}).items()))
+        if lv["replica_holder_losses"]:
+            click.echo(f"  holders of copies lost: {lv['replica_holder_losses']} (the level waited for them)")
+        for w, why in lv["replica_holders_over_budget"].items():
+            click.echo(f"  holder w{w} acknowledged nothing more: {why}")
     for r in info["recoveries"]:
         cost = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items() if k != "reason")
         click.echo(f"recovery   {cost}")

@@ -184,6 +184,17 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
                 info["snapshots"] = {"rewind_from_epoch": first}
     info["stores"] = stores
     info["storage_bytes"] = {t: sum(s[f"{t}_bytes"] for s in stores) for t in TIERS}
+    if (summary or {}).get("durable_seqs"):
+        # per level, what each worker had made durable when it finished, and the longest an
+        # append waited to reach each level (the replicated level lives only in memory: the
+        # summary is where it is told)
+        info["levels"] = {
+            "durable_seqs": summary["durable_seqs"],
+            "lag_ms_max": summary.get("level_lag_ms_max") or {},
+            "replicas": summary.get("replicas", 0),
+            "replica_holder_losses": summary.get("replica_holder_losses", 0),
+            "replica_holders_over_budget": summary.get("replica_holders_over_budget") or {},
+        }
     recoveries = (summary or {}).get("recoveries") or []
     info["recoveries"] = [
         {
@@ -198,6 +209,7 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
                 "records_reprocessed",
                 "steps_replayed",
                 "restored_step",
+                "restored_from",
                 "checkpoint",
                 "span_steps",
                 "span_records",
