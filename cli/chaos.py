@@ -75,8 +75,9 @@ def chaos_cmd(
 
     Exit code 0 only when the committed output is exactly the reference's; 1 when records were
     lost or duplicated, or a run failed (the one with kills: not exactly-once); 2 for a usage
-    error; 3 when the pipeline is not deterministic (nothing judged); 4 when nothing recovered
-    in the run with kills (no kill before it ended: nothing judged, give it more input)."""
+    error; 3 when the pipeline is not deterministic (nothing judged); 4 when the run with kills
+    is not judged: it ended before every kill asked for was made, or nothing recovered in it
+    (give it more input)."""
     from experiments.chaos import chaos, exit_code
     from nosync.errors import NosyncError, RunFailed
 
@@ -123,12 +124,21 @@ def chaos_cmd(
                 "function over one key's records from two sources or two workers, in arrival order) differs then"
             )
             click.echo(json.dumps(r["reference_diff"], indent=1))
+        elif r.get("kills_short") and r["exactly_once"] is None:
+            made = ", ".join(f"{k['read']:,}" for k in r["killed"])
+            click.echo(
+                f"not judged: {r['kills']} of {r['kills_requested']} kills made before the run ended "
+                f"({f'at records read {made}; ' if made else ''}planned at "
+                f"{', '.join(f'{t:,}' for t in r['kill_targets'])} of the {r['records_read']:,} records the "
+                "reference runs read, each once the run has something to recover from and recovered from the "
+                "kill before). Equal outputs say nothing of the kills not made: give the pipeline more input, or "
+                f"ask for fewer kills. Runs in {out}"
+            )
         elif r.get("no_recovery"):
             click.echo(
                 f"not judged: nothing recovered in the run with kills ({r['kills']} of {r['kills_requested']} "
-                "kills made, before the run ended or after the killed worker's work was done), so equal outputs "
-                "say nothing. Give the pipeline more input, or shorter epochs or checkpoints (--epoch-records, "
-                f"--checkpoint-ms): kills fall between progress events. Runs in {out}"
+                "kills made, each after the killed worker's work was done), so equal outputs say nothing. Give "
+                f"the pipeline more input. Runs in {out}"
             )
         else:
             rows = [
