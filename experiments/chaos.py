@@ -59,6 +59,7 @@ import sys
 import time
 from typing import Any
 
+from experiments.failures import MACHINES_LOST, lose_machines, refusal, wiped_before_retry
 from nosync.errors import NosyncError, RunFailed
 from nosync.runtime.dead_letters import dead_letter_record
 
@@ -282,11 +283,17 @@ def run_chaos(
     timeout: float,
     progress: Any,
     pause: bool = False,
+    failure: str = "process",
 ) -> tuple[dict, list]:
     """The run with kills; returns its summary ({"failed": why} for a run that failed or did
-    not end in time) and, per kill made, its time, victims, pids and the seconds until the run
-    was running again (`recovery_s`).
-    `pause`: stop the victim for a while (`PAUSE_S`) instead of killing it.
+    not end in time) and, per kill made, its time, victims, pids, the records read then and the
+    seconds until the run was running again (`recovery_s`); for a class that loses machines,
+    the time the victims' disks were wiped and whether that came before each retry
+    registered (`wiped_before_retry`, per victim).
+    `pause`: stop one victim for a while (`PAUSE_S`) instead of killing it.
+    `failure`: the class of each kill (`experiments.failures`): its victims' processes killed
+    (two distinct workers for `two`, the second right after the first), then, for `machine`
+    and `two`, their local disks wiped.
 
     `targets` (`kill_targets`): kill k comes once the run has read `targets[k]` records (the
     most a `progress` event showed), the run is running and has something to recover from
@@ -298,32 +305,43 @@ def run_chaos(
     events = Progress(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
     deadline = time.monotonic() + timeout
+    lost = 1 if pause else max(1, MACHINES_LOST[failure])
 
     def ended() -> bool:
         return proc.poll() is not None or time.monotonic() > deadline or events.over
 
     try:
         for target in targets:
-            victim = rng.randrange(workers)
+            victims = rng.sample(range(workers), lost)
             stop_s = rng.uniform(*PAUSE_S) if pause else 0.0
             kill: dict | None = None
             while kill is None and not ended():
                 events.poll()
-                pid = events.pid_of(victim)
-                if not (events.running and events.armed and events.read >= target and pid is not None):
+                pids = [events.pid_of(v) for v in victims]
+                if not (events.running and events.armed and events.read >= target and None not in pids):
                     time.sleep(0.01)
                     continue
-                try:
-                    os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
-                except ProcessLookupError:
-                    # that process is gone already: the kill waits for the worker's next one
+                seen, read = len(events.seen), events.read
+                times = []
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue  # gone already: lost all the same
+                    times.append(time.time())
+                if not times:
+                    # every victim's process was gone already: the kill waits for their next ones
                     time.sleep(0.01)
                     continue
-                t = time.time()
-                kill = {"t": t, "workers": [victim], "pids": [pid], "read": events.read, "seen": len(events.seen)}
+                kill = {"t": times[0], "workers": victims, "pids": pids, "read": read, "seen": seen}
+                if len(times) > 1:
+                    kill["apart_ms"] = (times[-1] - times[0]) * 1000
+                if MACHINES_LOST[failure] and not pause:
+                    kill["wiped"] = lose_machines(run_dir, victims)
             if kill is None:
                 break
             done.append(kill)
+            who = " and ".join(f"worker {v} (pid {p})" for v, p in zip(victims, kill["pids"], strict=True))
             if pause:
                 try:
                     time.sleep(stop_s)
@@ -333,11 +351,13 @@ def run_chaos(
                     except ProcessLookupError:
                         pass
                 kill["pause_s"] = stop_s
-                progress(f"paused worker {victim} for {stop_s:.2f} s at {kill['read']:,} records read")
+                progress(f"paused {who} for {stop_s:.2f} s at {kill['read']:,} records read")
                 continue
-            progress(
-                f"killed worker {victim} (pid {kill['pids'][0]}) at {kill['read']:,} records read (target {target:,})"
+            how = "killed" if "wiped" not in kill else "lost the machine of"
+            wiped = (
+                f", disk wiped {(kill['wiped'] - kill['t']) * 1000:.0f} ms after the kill" if "wiped" in kill else ""
             )
+            progress(f"{how} {who} at {kill['read']:,} records read (target {target:,}){wiped}")
             # the next kill waits for the run to be running again after this one
             while not ended() and not _recovered(events.seen, kill["seen"], kill["workers"]):
                 events.poll()
@@ -355,6 +375,11 @@ def run_chaos(
         for k in done:
             back = [e["t"] for e in events.seen if e["event"] in ("running", "recovered") and e["t"] > k["t"]]
             k["recovery_s"] = (back[0] - k["t"]) if back else None
+            if "wiped" in k:
+                k["wiped_before_retry"] = [
+                    wiped_before_retry(events.seen, k["seen"], v, p, k["wiped"])
+                    for v, p in zip(k["workers"], k["pids"], strict=True)
+                ]
     return summary, done
 
 
@@ -397,11 +422,22 @@ def chaos(
     options: dict | None = None,
     timeout: float = 600.0,
     progress: Any = lambda msg: None,
+    failure: str = "process",
 ) -> dict:
+    """Judges exactly-once of `pipeline_file` under `mode` at `workers` workers against `kills`
+    failures of class `failure` (`experiments.failures`), drawn from `seed`; the runs go under
+    `out`, with `options` passed to every `nosync run`. Returns the result `exit_code` and
+    `nosync chaos` read. Raises NosyncError, before any run, for what cannot be judged as asked
+    (a usage error, or a mode and level that cannot survive the class: `refusal`), and
+    RunFailed for a failure-free run that failed."""
     if mode == "none":
         raise NosyncError("mode none does not recover: a kill fails the run. chaos judges abs, nosync and replay")
     if kills < 1:
         raise NosyncError(f"--kills must be at least 1, got {kills}")
+    opts = options or {}
+    refused = refusal(mode, failure, opts.get("checkpoint_tier"), opts.get("replicas"), workers)
+    if refused is not None:
+        raise NosyncError(refused)
     pipeline_file = os.path.abspath(pipeline_file)
     out = os.path.abspath(out)
     if os.path.exists(out) and os.listdir(out):
@@ -443,6 +479,7 @@ def chaos(
         "pipeline": pipeline_file,
         "mode": mode,
         "workers": workers,
+        "failure": failure,
         "seed": seed,
         "kills_requested": kills,
         "reference": dirs["reference"],
@@ -458,9 +495,12 @@ def chaos(
     rng = random.Random(seed)
     total = reference_reads([dirs["reference"], dirs["reference-2"]])
     targets = kill_targets(total, kills, rng)
-    progress(f"chaos run: {kills} kill(s), seed {seed}, at records read {', '.join(f'{t:,}' for t in targets)}")
+    progress(
+        f"chaos run: {kills} failure(s) of class {failure}, seed {seed}, at records read "
+        f"{', '.join(f'{t:,}' for t in targets)}"
+    )
     summary, done = run_chaos(
-        pipeline_file, dirs["chaos"], mode, workers, params, options, targets, rng, timeout, progress
+        pipeline_file, dirs["chaos"], mode, workers, params, options, targets, rng, timeout, progress, failure=failure
     )
     result.update(
         deterministic=True,
@@ -468,8 +508,19 @@ def chaos(
         records_read=total,
         kill_targets=targets,
         recovery_s=[k["recovery_s"] for k in done],
-        killed=[{"workers": k["workers"], "pids": k["pids"], "read": k["read"]} for k in done],
+        killed=[
+            {x: k[x] for x in ("workers", "pids", "read", "apart_ms", "wiped_before_retry") if x in k} for k in done
+        ],
     )
+    late = sorted(
+        {v for k in done for v, ok in zip(k["workers"], k.get("wiped_before_retry", []), strict=False) if ok is False}
+    )
+    if late:
+        # a retry that may have opened what the wipe then took: not the loss of a machine
+        result.update(judged=False, exactly_once=None, wipe_late=late)
+        if "failed" in summary:
+            result["run_failed"] = summary["failed"]
+        return result
     if "failed" in summary:
         # a recovery that could not complete: nothing committed to compare, and not exactly-once
         result.update(judged=False, exactly_once=False, run_failed=summary["failed"])
