@@ -555,8 +555,9 @@ def chaos(
 def exit_code(result: dict) -> int:
     """`nosync chaos`'s exit code for a result of `chaos`: 0 exactly-once, every kill asked for
     made; 1 records lost or duplicated, or the run with kills failed; 3 not deterministic; 4
-    not judged: nothing recovered in the run with kills (no kill before it ended, or only of
-    workers already done), or it ended before every kill asked for was made."""
+    not judged: the run with kills ended before every kill asked for was made, nothing
+    recovered in it (every kill hit a worker whose work was done), or a lost machine's disk
+    was wiped only after its retry registered."""
     if not result["deterministic"]:
         return 3
     if result["exactly_once"] is None:
