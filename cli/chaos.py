@@ -1,4 +1,5 @@
-"""`nosync chaos`: runs a pipeline with and without seeded SIGKILLs and judges exactly-once."""
+"""`nosync chaos`: runs a pipeline with and without seeded failures (a worker's process, its
+machine, two machines) and judges exactly-once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import tempfile
 import click
 
 from cli.common import master_option, parse_params
+from experiments.failures import FAILURES
 from nosync.modes import MODES
 
 
@@ -21,7 +23,17 @@ from nosync.modes import MODES
     help="The mode to judge (none is refused: it does not recover).",
 )
 @click.option("--workers", "-w", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--kills", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--kills", type=click.IntRange(min=1), default=1, show_default=True, help="Failures in the run with kills."
+)
+@click.option(
+    "--failure",
+    type=click.Choice(FAILURES),
+    default="process",
+    show_default=True,
+    help="What each kill loses: a worker's process; its machine (the process, then its local disk: "
+    "state/w<i> and the part files it was writing); two workers' machines at once (needs -w 2 or more).",
+)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
     "--out", type=click.Path(file_okay=False), default=None, help="Where the runs go (default: a new temp dir)."
@@ -34,9 +46,15 @@ from nosync.modes import MODES
 )
 @click.option(
     "--checkpoint-tier",
-    type=click.Choice(["disk", "remote"]),
+    type=click.Choice(["disk", "remote", "replicated"]),
     default=None,
-    help="Passed to `nosync run` (default: its own).",
+    help="Passed to `nosync run` (default: its own, disk). --failure machine and two need one off the lost machine.",
+)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Passed to `nosync run` when given: copies of each snapshot on other workers (--checkpoint-tier replicated).",
 )
 @click.option(
     "--persist-ms", type=click.IntRange(min=1), default=None, help="Passed to `nosync run` (default: its own)."
@@ -57,11 +75,13 @@ def chaos_cmd(
     mode,
     workers,
     kills,
+    failure,
     seed,
     out,
     epoch_records,
     checkpoint_ms,
     checkpoint_tier,
+    replicas,
     persist_ms,
     persist_budget,
     replay_threshold_records,
@@ -71,12 +91,15 @@ def chaos_cmd(
     params,
 ) -> None:
     """Run PIPELINE_FILE without failures (twice, the second with K pauses of a worker) and with K
-    SIGKILLs of workers; compare outputs.
+    failures of class --failure; compare outputs.
 
-    Exit code 0 only when the committed output is exactly the reference's; 1 when records were
-    lost or duplicated, or a run failed (the one with kills: not exactly-once); 2 for a usage
-    error; 3 when the pipeline is not deterministic (nothing judged); 4 when nothing recovered
-    in the run with kills (no kill before it ended: nothing judged, give it more input)."""
+    Exit code 0 only when the committed output is exactly the reference's, every kill asked for
+    made; 1 when records were lost or duplicated, or a run failed (the one with kills: not
+    exactly-once); 2 for a usage error, or a mode and --checkpoint-tier that cannot survive the
+    failure class (refused before any run); 3 when the pipeline is not deterministic (nothing
+    judged); 4 when the run with kills is not judged: it ended before every kill asked for was
+    made (give it more input), nothing recovered in it, or a lost machine's disk was wiped only
+    after its retry had started."""
     from experiments.chaos import chaos, exit_code
     from nosync.errors import NosyncError, RunFailed
 
@@ -88,6 +111,7 @@ def chaos_cmd(
         "epoch_records": epoch_records,
         "checkpoint_ms": checkpoint_ms,
         "checkpoint_tier": checkpoint_tier,
+        "replicas": replicas,
         "persist_ms": persist_ms,
         "persist_budget": persist_budget,
         "replay_threshold_records": replay_threshold_records,
@@ -99,7 +123,19 @@ def chaos_cmd(
             click.echo(f"[chaos] {msg}", err=True)
 
     try:
-        r = chaos(pipeline_file, mode, workers, kills, seed, args, out, options, timeout=timeout, progress=progress)
+        r = chaos(
+            pipeline_file,
+            mode,
+            workers,
+            kills,
+            seed,
+            args,
+            out,
+            options,
+            timeout=timeout,
+            progress=progress,
+            failure=failure,
+        )
     except RunFailed as e:
         click.echo(f"error: a failure-free run failed, so nothing was judged: {e}", err=True)
         sys.exit(1)
@@ -108,7 +144,14 @@ def chaos_cmd(
     if as_json:
         click.echo(json.dumps(r, sort_keys=True))
     else:
-        if "run_failed" in r:
+        if r.get("wipe_late"):
+            click.echo(
+                f"not judged: the local disk of worker(s) {', '.join(map(str, r['wipe_late']))} was wiped only after "
+                "Spark's retry of the task had started (its registration came first), so the retry may have "
+                "opened what the wipe then took: that is not the loss of a machine. Run it again (another "
+                f"--seed), on a less loaded machine. Runs in {out}"
+            )
+        elif "run_failed" in r:
             click.echo(
                 f"not exactly-once: the run with kills failed after {r['kills']} kill(s) ({r['run_failed']}); "
                 f"runs in {out}"
@@ -123,24 +166,38 @@ def chaos_cmd(
                 "function over one key's records from two sources or two workers, in arrival order) differs then"
             )
             click.echo(json.dumps(r["reference_diff"], indent=1))
+        elif r.get("kills_short") and r["exactly_once"] is None:
+            made = ", ".join(f"{k['read']:,}" for k in r["killed"])
+            click.echo(
+                f"not judged: {r['kills']} of {r['kills_requested']} kills made before the run ended "
+                f"({f'at records read {made}; ' if made else ''}planned at "
+                f"{', '.join(f'{t:,}' for t in r['kill_targets'])} of the {r['records_read']:,} records the "
+                "reference runs read, each once the run has something to recover from and recovered from the "
+                "kill before). Equal outputs say nothing of the kills not made: give the pipeline more input, or "
+                f"ask for fewer kills. Runs in {out}"
+            )
         elif r.get("no_recovery"):
             click.echo(
                 f"not judged: nothing recovered in the run with kills ({r['kills']} of {r['kills_requested']} "
-                "kills made, before the run ended or after the killed worker's work was done), so equal outputs "
-                "say nothing. Give the pipeline more input, or shorter epochs or checkpoints (--epoch-records, "
-                f"--checkpoint-ms): kills fall between progress events. Runs in {out}"
+                "kills made, each after the killed worker's work was done), so equal outputs say nothing. Give "
+                f"the pipeline more input. Runs in {out}"
             )
         else:
             rows = [
                 ("exactly_once", r["exactly_once"]),
                 ("lost", r["lost"]),
                 ("duplicated", r["duplicated"]),
+                ("failure", r["failure"]),
                 ("kills", f"{r['kills']} of {r['kills_requested']}"),
                 ("recoveries", r["recoveries"]),
                 ("recovery_s", ", ".join("-" if x is None else f"{x:.2f}" for x in r["recovery_s"])),
                 ("records_reprocessed", ", ".join(str(x) for x in r["records_reprocessed"])),
-                ("runs", out),
             ]
+            if r["failure"] != "process":
+                # per kill, per lost machine: whether its disk was gone before its retry registered
+                wiped = [k.get("wiped_before_retry", []) for k in r["killed"]]
+                rows.append(("wiped_before_retry", ", ".join("/".join(str(x).lower() for x in k) for k in wiped)))
+            rows.append(("runs", out))
             w = max(len(a) for a, _ in rows)
             click.echo("\n".join(f"{a:<{w}}  {b}" for a, b in rows))
     sys.exit(exit_code(r))

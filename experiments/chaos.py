@@ -2,7 +2,7 @@
 
 A pipeline runs twice without failures (the reference, and a second run that proves the
 pipeline deterministic) and once with K seeded SIGKILLs of worker processes at random moments
-after the first completed checkpoint (or safe point). A recovery changes how the inputs of an
+spread over the run (below). A recovery changes how the inputs of an
 operator interleave: a worker stalls while the others go on, a restarted one reads its
 sources in another rhythm. So the second failure-free run changes them too: it reads its
 sources in chunks of another size (`other_batch_size`: two sources of a union then alternate
@@ -26,20 +26,24 @@ records (or keys) of the reference missing from the chaos run, or with another v
 `duplicated` counts records (or keys) of the chaos run beyond the reference. If the two
 reference runs differ, the pipeline is reported as not deterministic and nothing is judged.
 A run with kills that fails (or does not end within the timeout) is not exactly-once: the
-result has `run_failed`, the run's error, and nothing is compared. A run with kills in which
-nothing recovered (it ended before its first kill, or the kills hit workers whose work was
-done) is not judged (`no_recovery`): its output equals the reference's, or not, without
-anything having recovered.
+result has `run_failed`, the run's error, and nothing is compared. A run with kills that
+ended before every kill asked for was made is not judged (`kills_short`; `kills` of
+`kills_requested`), unless a recovery lost or duplicated records anyway; nor is one in which
+nothing recovered (every kill hit a worker whose work was done, `no_recovery`): its output
+equals the reference's, or not, without anything having recovered.
 
-Kills: the victim and the moment are drawn from `random.Random(seed)`, measured in the run's
-own progress so that they fall inside it however fast it goes: each kill waits until the run
-is running (again, after the previous recovery), lets it advance by a random number of
-progress units (checkpoint numbers, or epochs of the safe point or of the epoch committed
-everywhere), within the kills' share of those the reference runs advanced by, then a random
-delay within half the time between two progress events. Units, not events: after a recovery
-in mode nosync the safe point waits for the recovered worker, then jumps several epochs in
-one event, so a count of events would fall behind the run and leave kills out. The victim's pid
-comes from the coordinator's events (`events.jsonl`: the newest registration of that worker).
+Kills: each is placed by the run's own progress in records read, so that it falls inside the
+run however fast it goes. The coordinator writes the records its workers have read, summed,
+to `events.jsonl` (`progress`, every 0.2 s at most); the most any of them showed is how far
+the run has got (a restored worker counts again from its restored position: the sum drops,
+its maximum does not). The reference runs read R records (their summaries); kill k of K comes
+at a number of records read drawn from `random.Random(seed)` inside the k-th of K equal
+slices of [10%, 80%] of R (`kill_targets`), once the run is running with something to recover
+from (its first completed checkpoint, safe point or committed epoch) and the previous kill's
+recovery completed (a `running` after a `regroup`, or the victim's `recovered`); a target
+passed by then is a kill at once. The victim is drawn from the same rng; its pid comes from
+the coordinator's events (the newest registration of that worker). The second reference run's
+pauses are placed the same way, from an rng of their own.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import sys
 import time
 from typing import Any
 
+from experiments.failures import MACHINES_LOST, lose_machines, refusal, wiped_before_retry
 from nosync.errors import NosyncError, RunFailed
 from nosync.runtime.dead_letters import dead_letter_record
 
@@ -67,24 +72,10 @@ PROGRESS_EVENTS = ("checkpoint_completed", "safe_point", "committed")
 """Events after which a kill can find something to recover from."""
 DEAD_LETTERS = "(dead letters)"
 """The name the records a run's sources could not parse are compared under, as a sink's."""
-ENDED = 1 << 62
-"""A progress value at or above it is the end of the input (the epoch of a finished channel)."""
-
-
-def progress_value(event: dict) -> int:
-    """How far a progress event says the run has got: its checkpoint number, or its epoch."""
-    return int(event["checkpoint"] if event["event"] == "checkpoint_completed" else event["epoch"])
-
-
-def advanced(events: list[dict], start: int) -> int:
-    """Progress units the run advanced by from `events[start]` on: from the last progress
-    value before it, or, with none before it, counting the first one after it as one."""
-    before = [progress_value(e) for e in events[:start] if e["event"] in PROGRESS_EVENTS]
-    after = [progress_value(e) for e in events[start:] if e["event"] in PROGRESS_EVENTS]
-    if not after:
-        return 0
-    base = before[-1] if before else min(after) - 1
-    return max(after) - base
+KILL_SPAN = (0.1, 0.8)
+"""The share of a run's records read that its kills fall in (`kill_targets`): none in its
+first tenth, where there may be nothing to recover from yet, nor in its last fifth, where a
+worker's work may be done."""
 
 
 def other_batch_size(batch_size: int | None) -> int:
@@ -188,6 +179,46 @@ class Events:
         return regs[-1]["pid"] if regs else None
 
 
+class Progress(Events):
+    """A run's events.jsonl followed for what a kill waits on: the records read so far, as the
+    most any `progress` event showed (a restored worker counts again from its restored
+    position, so the sum goes down after a recovery; its maximum does not), and whether the
+    run is running with something to recover from (a `running` event and a PROGRESS_EVENTS one)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.read = 0
+        self.running = False
+        self.armed = False
+        self.over = False
+        """Whether the run finished or failed."""
+
+    def poll(self) -> list[dict]:
+        new = super().poll()
+        for e in new:
+            kind = e["event"]
+            if kind == "progress":
+                self.read = max(self.read, int(e["read"]))
+            elif kind == "running":
+                self.running = True
+            elif kind in PROGRESS_EVENTS:
+                self.armed = True
+            elif kind in ("finished", "failed"):
+                self.over = True
+        return new
+
+
+def _recovered(seen: list[dict], since: int, victims: list[int]) -> bool:
+    """Whether the run is running again after losing `victims` (events from `since` on):
+    every worker after a regroup, or each victim alone (a worker that recovered by itself)."""
+    after = seen[since:]
+    regroups = [i for i, e in enumerate(after) if e["event"] == "regroup"]
+    if regroups and any(e["event"] == "running" for e in after[regroups[-1] :]):
+        return True
+    back = {e.get("worker") for e in after if e["event"] == "recovered"}
+    return all(v in back for v in victims)
+
+
 def _run_cmd(pipeline_file: str, run_dir: str, mode: str, workers: int, params: dict, options: dict) -> list[str]:
     cmd = [sys.executable, "-m", "cli.main", "run", pipeline_file, "--mode", mode, "--workers", str(workers)]
     cmd += ["--run-dir", run_dir]
@@ -247,91 +278,89 @@ def run_chaos(
     workers: int,
     params: dict,
     options: dict,
-    kills: int,
+    targets: list[int],
     rng: random.Random,
-    plan: dict,
     timeout: float,
     progress: Any,
     pause: bool = False,
+    failure: str = "process",
 ) -> tuple[dict, list]:
     """The run with kills; returns its summary ({"failed": why} for a run that failed or did
-    not end in time) and, per kill, its time, victim, pid and the seconds until the run was
-    running again (`recovery_s`).
-    `pause`: stop the victim for a while (`PAUSE_S`) instead of killing it.
+    not end in time) and, per kill made, its time, victims, pids, the records read then and the
+    seconds until the run was running again (`recovery_s`); for a class that loses machines,
+    the time the victims' disks were wiped and whether that came before each retry
+    registered (`wiped_before_retry`, per victim).
+    `pause`: stop one victim for a while (`PAUSE_S`) instead of killing it.
+    `failure`: the class of each kill (`experiments.failures`): its victims' processes killed
+    (two distinct workers for `two`, the second right after the first), then, for `machine`
+    and `two`, their local disks wiped.
 
-    `plan` comes from the reference runs: `skip`, how many progress units (checkpoint
-    numbers, epochs) a kill may let the run advance by before it, and `gap_s`, the time
-    between two progress events. Each kill waits for the run to be running (again), lets it
-    advance by more than 0..skip units, then a random delay within half a gap: a random
-    moment that the run still has ahead of it even when this run is faster than the
-    references were. A pause counts from the previous pause."""
+    `targets` (`kill_targets`): kill k comes once the run has read `targets[k]` records (the
+    most a `progress` event showed), the run is running and has something to recover from
+    (its first checkpoint, safe point or committed epoch), and the previous kill's recovery
+    completed; a target passed by then is a kill at once. A run that ends first leaves the
+    kills after it unmade: fewer are returned than asked for. The victims and the pauses'
+    lengths are drawn from `rng`."""
     proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
-    events = Events(os.path.join(run_dir, "events.jsonl"))
+    events = Progress(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
     deadline = time.monotonic() + timeout
+    lost = 1 if pause else max(1, MACHINES_LOST[failure])
 
     def ended() -> bool:
-        return (
-            proc.poll() is not None
-            or time.monotonic() > deadline
-            or any(e["event"] in ("finished", "failed") for e in events.seen)
-        )
+        return proc.poll() is not None or time.monotonic() > deadline or events.over
 
     try:
-        while len(done) < kills and not ended():
-            skip = rng.randint(0, plan["skip"])
-            delay = rng.uniform(0, plan["gap_s"] / 2)
-            victim = rng.randrange(workers)
-            # the first progress event after the run was last (re)started, then `skip` more
-            start = max((i for i, e in enumerate(events.seen) if e["event"] == "running"), default=None)
-            if pause and done:
-                start = max(start or 0, done[-1]["seen"])
-            while not ended():
+        for target in targets:
+            victims = rng.sample(range(workers), lost)
+            stop_s = rng.uniform(*PAUSE_S) if pause else 0.0
+            kill: dict | None = None
+            while kill is None and not ended():
                 events.poll()
-                if start is None:
-                    start = next((i for i, e in enumerate(events.seen) if e["event"] == "running"), None)
-                if start is not None and advanced(events.seen, start) > skip:
-                    break
-                time.sleep(0.01)
-            time.sleep(delay)
-            events.poll()
-            pid = events.pid_of(victim)
-            if ended() or pid is None:
-                break
-            if pause:
-                stop_s = rng.uniform(*PAUSE_S)
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except ProcessLookupError:
+                pids = [events.pid_of(v) for v in victims]
+                if not (events.running and events.armed and events.read >= target and None not in pids):
+                    time.sleep(0.01)
                     continue
+                seen, read = len(events.seen), events.read
+                times = []
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
+                    except ProcessLookupError:
+                        continue  # gone already: lost all the same
+                    times.append(time.time())
+                if not times:
+                    # every victim's process was gone already: the kill waits for their next ones
+                    time.sleep(0.01)
+                    continue
+                kill = {"t": times[0], "workers": victims, "pids": pids, "read": read, "seen": seen}
+                if len(times) > 1:
+                    kill["apart_ms"] = (times[-1] - times[0]) * 1000
+                if MACHINES_LOST[failure] and not pause:
+                    kill["wiped"] = lose_machines(run_dir, victims)
+            if kill is None:
+                break
+            done.append(kill)
+            who = " and ".join(f"worker {v} (pid {p})" for v, p in zip(victims, kill["pids"], strict=True))
+            if pause:
                 try:
                     time.sleep(stop_s)
                 finally:
                     try:
-                        os.kill(pid, signal.SIGCONT)
+                        os.kill(kill["pids"][0], signal.SIGCONT)
                     except ProcessLookupError:
                         pass
-                events.poll()
-                pause_ = {"t": time.time(), "worker": victim, "pid": pid, "pause_s": stop_s, "seen": len(events.seen)}
-                done.append(pause_)
-                progress(f"paused worker {victim} (pid {pid}) for {stop_s:.2f} s")
+                kill["pause_s"] = stop_s
+                progress(f"paused {who} for {stop_s:.2f} s at {kill['read']:,} records read")
                 continue
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            kill = {"t": time.time(), "worker": victim, "pid": pid}
-            done.append(kill)
-            progress(f"killed worker {victim} (pid {pid})")
-            # the next kill waits for the run to be running again after this one: every worker
-            # (a regroup), or the lost one alone (a worker that recovered by itself)
-            while not ended():
+            how = "killed" if "wiped" not in kill else "lost the machine of"
+            wiped = (
+                f", disk wiped {(kill['wiped'] - kill['t']) * 1000:.0f} ms after the kill" if "wiped" in kill else ""
+            )
+            progress(f"{how} {who} at {kill['read']:,} records read (target {target:,}){wiped}")
+            # the next kill waits for the run to be running again after this one
+            while not ended() and not _recovered(events.seen, kill["seen"], kill["workers"]):
                 events.poll()
-                regroups = [i for i, e in enumerate(events.seen) if e["event"] == "regroup" and e["t"] >= kill["t"] - 1]
-                if regroups and any(e["event"] == "running" for e in events.seen[regroups[-1] :]):
-                    break
-                if any(e["event"] == "recovered" and e["t"] >= kill["t"] for e in events.seen):
-                    break
                 time.sleep(0.01)
         try:
             summary = _finish(proc, run_dir, max(1.0, deadline - time.monotonic()))
@@ -346,29 +375,40 @@ def run_chaos(
         for k in done:
             back = [e["t"] for e in events.seen if e["event"] in ("running", "recovered") and e["t"] > k["t"]]
             k["recovery_s"] = (back[0] - k["t"]) if back else None
+            if "wiped" in k:
+                k["wiped_before_retry"] = [
+                    wiped_before_retry(events.seen, k["seen"], v, p, k["wiped"])
+                    for v, p in zip(k["workers"], k["pids"], strict=True)
+                ]
     return summary, done
 
 
-def kill_plan(reference_dirs: list[str], kills: int) -> dict:
-    """How far into a run kills may go, from the failure-free runs: the fewest progress units
-    a reference run advanced by before it finished, less the last two (the checkpoints that
-    come with the end of the input), shared among the kills with a margin for a run that
-    checkpoints less often; and the median time between two progress events."""
-    counts, gaps = [], []
-    for d in reference_dirs:
-        ev = Events(os.path.join(d, "events.jsonl"))
-        ev.poll()
-        end = next((e["t"] for e in ev.seen if e["event"] == "finished"), float("inf"))
-        seen = [e for e in ev.seen if e["event"] in PROGRESS_EVENTS and e["t"] < end]
-        values = [v for v in map(progress_value, seen) if v < ENDED]
-        counts.append(max(values) - min(values) + 1 if values else 0)
-        ts = [e["t"] for e in seen]
-        gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
-    gaps.sort()
-    return {
-        "skip": max(0, (min(counts, default=0) - 2) // (kills + 1) - 1),
-        "gap_s": gaps[len(gaps) // 2] if gaps else 0.2,
-    }
+def reference_reads(run_dirs: list[str]) -> int:
+    """The records the failure-free runs in `run_dirs` read, the fewest of them: from each
+    run's summary.json, else the most its `progress` events showed."""
+    counts = []
+    for d in run_dirs:
+        n = None
+        path = os.path.join(d, "summary.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                n = json.load(f).get("records_read")
+        if n is None:
+            ev = Events(os.path.join(d, "events.jsonl"))
+            ev.poll()
+            n = max((e["read"] for e in ev.seen if e["event"] == "progress"), default=0)
+        counts.append(int(n))
+    return min(counts, default=0)
+
+
+def kill_targets(total: int, kills: int, rng: random.Random) -> list[int]:
+    """The records read at which each of `kills` kills comes, for a run that reads `total`:
+    kill k (from 0) at a point drawn uniformly inside the k-th of `kills` equal slices of
+    KILL_SPAN x total, so the kills are spread over the run, in order, and none comes in its
+    first or last stretch."""
+    lo, hi = KILL_SPAN
+    width = (hi - lo) * total / kills
+    return [int(lo * total + width * (k + rng.random())) for k in range(kills)]
 
 
 def chaos(
@@ -382,11 +422,22 @@ def chaos(
     options: dict | None = None,
     timeout: float = 600.0,
     progress: Any = lambda msg: None,
+    failure: str = "process",
 ) -> dict:
+    """Judges exactly-once of `pipeline_file` under `mode` at `workers` workers against `kills`
+    failures of class `failure` (`experiments.failures`), drawn from `seed`; the runs go under
+    `out`, with `options` passed to every `nosync run`. Returns the result `exit_code` and
+    `nosync chaos` read. Raises NosyncError, before any run, for what cannot be judged as asked
+    (a usage error, or a mode and level that cannot survive the class: `refusal`), and
+    RunFailed for a failure-free run that failed."""
     if mode == "none":
         raise NosyncError("mode none does not recover: a kill fails the run. chaos judges abs, nosync and replay")
     if kills < 1:
         raise NosyncError(f"--kills must be at least 1, got {kills}")
+    opts = options or {}
+    refused = refusal(mode, failure, opts.get("checkpoint_tier"), opts.get("replicas"), workers)
+    if refused is not None:
+        raise NosyncError(refused)
     pipeline_file = os.path.abspath(pipeline_file)
     out = os.path.abspath(out)
     if os.path.exists(out) and os.listdir(out):
@@ -406,6 +457,7 @@ def chaos(
     progress(
         f"second reference run (determinism): chunks of {second['batch_size']} records, {kills} pause(s) of a worker"
     )
+    pauses = random.Random(f"pauses-{seed}")
     summary, paused = run_chaos(
         pipeline_file,
         dirs["reference-2"],
@@ -413,9 +465,8 @@ def chaos(
         workers,
         params,
         second,
-        kills,
-        random.Random(f"pauses-{seed}"),
-        kill_plan([dirs["reference"]], kills),
+        kill_targets(reference_reads([dirs["reference"]]), kills, pauses),
+        pauses,
         timeout,
         progress,
         pause=True,
@@ -428,30 +479,48 @@ def chaos(
         "pipeline": pipeline_file,
         "mode": mode,
         "workers": workers,
+        "failure": failure,
         "seed": seed,
         "kills_requested": kills,
         "reference": dirs["reference"],
         "chaos": dirs["chaos"],
         "reference_2": {
             "batch_size": second["batch_size"],
-            "paused": [{"worker": p["worker"], "pause_s": round(p["pause_s"], 3)} for p in paused],
+            "paused": [{"worker": p["workers"][0], "pause_s": round(p["pause_s"], 3)} for p in paused],
         },
     }
     if any(s.get("lost") or s.get("duplicated") for s in again.values()):
         result.update(deterministic=False, exactly_once=None, judged=False, reference_diff=again)
         return result
     rng = random.Random(seed)
-    plan = kill_plan([dirs["reference"], dirs["reference-2"]], kills)
-    progress(f"chaos run: {kills} kill(s), seed {seed}")
+    total = reference_reads([dirs["reference"], dirs["reference-2"]])
+    targets = kill_targets(total, kills, rng)
+    progress(
+        f"chaos run: {kills} failure(s) of class {failure}, seed {seed}, at records read "
+        f"{', '.join(f'{t:,}' for t in targets)}"
+    )
     summary, done = run_chaos(
-        pipeline_file, dirs["chaos"], mode, workers, params, options, kills, rng, plan, timeout, progress
+        pipeline_file, dirs["chaos"], mode, workers, params, options, targets, rng, timeout, progress, failure=failure
     )
     result.update(
         deterministic=True,
         kills=len(done),
+        records_read=total,
+        kill_targets=targets,
         recovery_s=[k["recovery_s"] for k in done],
-        killed=[{"worker": k["worker"], "pid": k["pid"]} for k in done],
+        killed=[
+            {x: k[x] for x in ("workers", "pids", "read", "apart_ms", "wiped_before_retry") if x in k} for k in done
+        ],
     )
+    late = sorted(
+        {v for k in done for v, ok in zip(k["workers"], k.get("wiped_before_retry", []), strict=False) if ok is False}
+    )
+    if late:
+        # a retry that may have opened what the wipe then took: not the loss of a machine
+        result.update(judged=False, exactly_once=None, wipe_late=late)
+        if "failed" in summary:
+            result["run_failed"] = summary["failed"]
+        return result
     if "failed" in summary:
         # a recovery that could not complete: nothing committed to compare, and not exactly-once
         result.update(judged=False, exactly_once=False, run_failed=summary["failed"])
@@ -469,19 +538,28 @@ def chaos(
         records_reprocessed=[r.get("records_reprocessed") for r in summary.get("recoveries") or []],
         sinks=per_sink,
     )
-    if not result["recoveries"]:
-        # no kill was made, or none hit a worker before its work was done: nothing recovered,
-        # and equal outputs say nothing about a recovery
+    if len(done) < kills:
+        # the run ended before every kill asked for was made: what it survived is not what was
+        # asked, so equal outputs are not judged (records lost or duplicated after the kills
+        # made are still not exactly-once)
+        result["kills_short"] = True
+        if result["exactly_once"] or not result["recoveries"]:
+            result.update(judged=False, exactly_once=None)
+    elif not result["recoveries"]:
+        # every kill hit a worker whose work was done: nothing recovered, and equal outputs say
+        # nothing about a recovery
         result.update(judged=False, exactly_once=None, no_recovery=True)
     return result
 
 
 def exit_code(result: dict) -> int:
-    """`nosync chaos`'s exit code for a result of `chaos`: 0 exactly-once; 1 records lost or
-    duplicated, or the run with kills failed; 3 not deterministic; 4 nothing recovered in the
-    run with kills (no kill before it ended, or only of workers already done: nothing judged)."""
+    """`nosync chaos`'s exit code for a result of `chaos`: 0 exactly-once, every kill asked for
+    made; 1 records lost or duplicated, or the run with kills failed; 3 not deterministic; 4
+    not judged: the run with kills ended before every kill asked for was made, nothing
+    recovered in it (every kill hit a worker whose work was done), or a lost machine's disk
+    was wiped only after its retry registered."""
     if not result["deterministic"]:
         return 3
-    if result.get("no_recovery"):
+    if result["exactly_once"] is None:
         return 4
     return 0 if result["exactly_once"] else 1

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from experiments.common import agg, fmt, mean_sd, pyplot, save
-from experiments.failures import needs
+from experiments.failures import refusal
 from experiments.harness import Experiment
 from experiments.measure import recovery, steady
 
@@ -69,7 +69,7 @@ def measure(spark: Any, d: str, p: dict, seed: int) -> dict:
         "bytes_persisted": s["bytes_persisted"],
     }
     for failure in CLASSES:
-        if needs(mode, failure, tier, replicas) is not None:
+        if refusal(mode, failure, tier, replicas or None, p["workers"]) is not None:
             row[f"{failure}_refused"] = True
             continue
         r = recovery(

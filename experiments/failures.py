@@ -1,71 +1,123 @@
-"""Failure classes, simulated on one machine: what a lost worker takes with it.
+"""The failure classes `nosync chaos` makes, what each one loses, and which levels survive it.
 
-- `process`: the worker's process dies (SIGKILL); its machine, and so its local disk, survive.
-- `machine`: the worker's machine is lost: its process, and its local root
-  `<run dir>/state/w<i>` (the disk tier of its stores, their logs, the output log's spill) and
-  the part files its sinks were writing (`*.inprogress`, not pre-committed yet). What lives
-  outside it stays: the remote tier (`<run dir>/remote/`), the sinks' committed and staged
-  output (shared storage), the driver's checkpoint metadata.
-- `two`: two workers' machines lost within the same interval.
+- `process`: a worker's process is killed (SIGKILL). Everything on disk stays: its local
+  root `<run dir>/state/w<i>` and the part files its sinks were writing.
+- `machine`: the worker's machine is lost: its process is killed and its local disk is gone
+  before Spark's retry of its task starts. Right after the kill, the worker's local root is
+  renamed away atomically (`state/.lost-w<i>-<n>`, then deleted), and so are the sink part
+  files it was writing and had not pre-committed (`part-*-w<i>.*.inprogress` under every
+  `_staging/` below the run's output). What lives on the sinks' shared storage (the committed
+  output, the pre-committed staged files), the run's own files and the remote tier
+  (`<run dir>/remote/`) stay: they are not on the worker's machine. The retry must then
+  restore from what survives elsewhere.
+- `two`: two distinct workers' machines lost within one interval: the second process is
+  killed right after the first (well under 100 ms apart), then both local disks go.
 
-Which levels survive which class (`needs`): every level survives a process; a machine needs a
-copy off the machine (the remote tier, or the replicated level: mode nosync); two machines
-need the remote tier or two replicas (one copy may be on the other lost machine). Mode replay
-persists nothing and recomputes from the sources: it survives all three.
+A mode and checkpoint level that cannot survive a class is refused before any run
+(`refusal`): mode replay persists nothing and recomputes from the sources, so it survives
+every class; abs and nosync survive a lost machine only with a level off that machine (the
+remote tier, or, mode nosync, copies on other workers: `--checkpoint-tier replicated
+--replicas R`, one more copy than machines lost at once, since a copy may be on the other lost
+machine). A wipe must come before the retry starts, or the retry may have opened what was
+wiped: `wiped_before_retry` checks that from the run's events, and chaos judges no run where
+it did not hold.
 """
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 import shutil
 import time
 
-CLASSES = ("process", "machine", "two")
+FAILURES = ("process", "machine", "two")
+"""The failure classes, from the least lost to the most."""
+MACHINES_LOST = {"process": 0, "machine": 1, "two": 2}
+"""Machines (local disks) each class loses at once."""
 
 
-def lose_machine(run_dir: str, worker: int) -> float:
-    """Takes worker `worker`'s local root and its sinks' in-progress part files away, as its
-    machine's loss would; returns the time it was done. The root is renamed first (one atomic
-    step, so that a restart never sees half of it), then deleted."""
-    state = os.path.join(run_dir, "state")
-    root = os.path.join(state, f"w{worker}")
-    if os.path.isdir(root):
-        gone = os.path.join(state, f".lost-w{worker}-{time.monotonic_ns()}")
-        os.rename(root, gone)
-        shutil.rmtree(gone, ignore_errors=True)
-    pattern = os.path.join(run_dir, "output", "**", "_staging", f"part-*-w{worker:04d}.*.inprogress")
-    for path in glob.glob(pattern, recursive=True):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    return time.time()
-
-
-def needs(mode: str, failure: str, tier: str | None, replicas: int | None) -> str | None:
-    """Why mode `mode` with its snapshots durable on `tier` (and `replicas` copies) cannot
-    survive failure class `failure`, naming the level it needs; None when it can."""
-    if failure not in CLASSES:
-        return f"--failure is one of {', '.join(CLASSES)}, not {failure!r}"
-    if failure == "process" or mode == "replay":
+def refusal(mode: str, failure: str, tier: str | None, replicas: int | None, workers: int) -> str | None:
+    """Why a run of `mode` at checkpoint level `tier` (None: `nosync run`'s default, disk) with
+    `replicas` copies (None: `nosync run`'s default, one with the replicated tier) on
+    `workers` workers cannot face failure class
+    `failure`, naming the class and the level it needs; None when it can. Mode none is not a
+    question here: chaos refuses it for every class (it does not recover)."""
+    if failure not in FAILURES:
+        return f"--failure is one of {', '.join(FAILURES)}, not {failure!r}"
+    if failure == "two" and workers < 2:
+        return f"--failure two loses two workers' machines at once: it needs -w 2 or more, not -w {workers}"
+    lost = MACHINES_LOST[failure]
+    if lost == 0 or mode == "replay":
+        # a process's disk survives it; replay persists nothing and recomputes from the sources
         return None
     tier = tier or "disk"
-    r = replicas if replicas is not None else (1 if tier == "replicated" else 0)
+    what = "worker i's local disk" if lost == 1 else "two workers' local disks at once"
+    head = f"--failure {failure} loses {what}: mode {mode} with --checkpoint-tier {tier}"
     if tier == "remote":
         return None
-    if tier == "replicated" and mode == "nosync":
-        if failure == "machine" and r >= 1:
-            return None
-        if failure == "two" and r >= 2:
-            return None
-        return (
-            f"--failure two loses two workers' machines: one of {r} replica(s) may be on the other one. "
-            f"Mode nosync needs --replicas 2 or more (or --checkpoint-tier remote)"
-        )
-    lost = "a worker's local disk" if failure == "machine" else "two workers' local disks"
-    other = " (or replicated, mode nosync)" if mode == "nosync" else ""
-    return (
-        f"--failure {failure} loses {lost}: mode {mode} with --checkpoint-tier {tier} cannot survive it; "
-        f"it needs --checkpoint-tier remote{other}"
-    )
+    if tier == "replicated":
+        if mode != "nosync":
+            return f"{head} is refused: the replicated level is mode nosync's; use --checkpoint-tier remote"
+        if replicas is None:
+            replicas = 1
+        given = f"--replicas {replicas}"
+        if replicas < lost:
+            why = "a copy on another worker" if lost == 1 else "two copies (one may be on the other lost machine)"
+            return f"{head} and {given} cannot survive it: it needs {why}; use --replicas {lost}"
+        if replicas >= workers:
+            return (
+                f"{head} and --replicas {replicas} at -w {workers}: a worker's copies go to other workers, "
+                f"of which there are {workers - 1}; use --replicas {lost} with -w {lost + 1} or more"
+            )
+        return None
+    other = "replicated, mode nosync" if lost == 1 else "replicated with --replicas 2, mode nosync"
+    return f"{head} cannot survive it; use --checkpoint-tier remote (or {other})"
+
+
+def in_progress_parts(output: str, worker: int) -> list[str]:
+    """The sink part files worker `worker` is writing and has not pre-committed: every
+    `part-*-w<worker>.*.inprogress` under a `_staging/` directory below `output`."""
+    pattern = f"part-*-w{worker:04d}.*.inprogress"
+    found = []
+    for root, _dirs, files in os.walk(output):
+        if os.path.basename(root) == "_staging":
+            found += [os.path.join(root, name) for name in files if fnmatch.fnmatch(name, pattern)]
+    return found
+
+
+def lose_machines(run_dir: str, workers: list[int]) -> float:
+    """Wipes the local disks of `workers` (their processes just killed): each local root
+    `state/w<i>` renamed away at once (a retry that starts from now on finds none), the part
+    files they were writing deleted, then the renamed roots deleted. Returns the time
+    (`time.time()`) at which nothing of theirs was left to find; a retry that registered before
+    it may have opened what was wiped."""
+    state = os.path.join(run_dir, "state")
+    renamed = []
+    for w in workers:
+        root = os.path.join(state, f"w{w}")
+        lost = os.path.join(state, f".lost-w{w}-{time.time_ns()}")
+        try:
+            os.rename(root, lost)
+        except FileNotFoundError:
+            continue  # nothing persisted there (mode replay, or not yet)
+        renamed.append(lost)
+    for w in workers:
+        for path in in_progress_parts(os.path.join(run_dir, "output"), w):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass  # pre-committed (renamed) or discarded meanwhile
+    wiped = time.time()
+    for lost in renamed:
+        shutil.rmtree(lost, ignore_errors=True)
+    return wiped
+
+
+def wiped_before_retry(events: list[dict], since: int, worker: int, pid: int, wiped: float) -> bool | None:
+    """Whether worker `worker`'s retry (its next `registered` event from `events[since]` on,
+    with a pid other than `pid`, the killed one's) came after its disk was wiped at `wiped`;
+    None when no retry registered."""
+    for e in events[since:]:
+        if e["event"] == "registered" and e["worker"] == worker and e["pid"] != pid:
+            return e["t"] > wiped
+    return None

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from experiments.chaos import PROGRESS_EVENTS, Events
-from experiments.failures import lose_machine
+from experiments.failures import lose_machines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEYED_COUNT = os.path.join(HERE, "workloads", "keyed_count.py")
@@ -208,7 +208,7 @@ def recovery(
             return  # the run had ended: it reports no recovery
         now = time.time()
         if failure == "machine":
-            lose_machine(d, victim)
+            lose_machines(d, [victim])
         killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))
         progress(f"mode {mode}: killed worker {victim} at {state['read']:,} records read")
 

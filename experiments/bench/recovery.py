@@ -36,7 +36,7 @@ def run(
     failure: str = "process",
     tiers: list[str] | None = None,
 ) -> dict:
-    from experiments.failures import needs
+    from experiments.failures import refusal
     from experiments.measure import recovery
     from nosync.errors import NosyncError
     from nosync.spark.session import get_spark
@@ -63,7 +63,7 @@ def run(
         (m if len(tiers) == 1 else f"{m}@{t}", m, t)
         for m in modes
         for t in tiers
-        if needs(m, failure, t, None) is None and not (t == "replicated" and m != "nosync")
+        if refusal(m, failure, t, None, workers) is None and not (t == "replicated" and m != "nosync")
     ]
     if not configs:
         raise NosyncError(f"no mode of {', '.join(modes)} recovers from --failure {failure} on {', '.join(tiers)}")

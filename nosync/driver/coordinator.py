@@ -10,7 +10,9 @@ abs: `regroup`, a new generation that every worker joins after dropping its data
 with Spark's retry of the lost task among them). When every worker reports done in the current
 generation, it tells them all to finish. Connections that fail the handshake are closed and
 logged; they never reach the run. What happens to the run (generations, checkpoints, losses)
-is appended to `events.jsonl` in the run directory as it happens.
+is appended to `events.jsonl` in the run directory as it happens, and so, every
+PROGRESS_EVENT_S at most while the run goes on, is how many records it has read (`progress`):
+an outside observer (`nosync chaos`) measures how far a run has got by it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ nexmark were taken for dead in chaos runs and recovered for nothing."""
 PROGRESS_S = 0.1
 """How often the per-worker progress is sampled (the workers' counters come with their
 heartbeats, every `worker.HEARTBEAT_S`)."""
+PROGRESS_EVENT_S = 0.2
+"""How often, at most, a `progress` event (the records the workers have read, summed) goes to
+events.jsonl; only when the sum changed, so an idle or finished run writes none."""
 
 
 class Coordinator:
@@ -92,6 +97,8 @@ class Coordinator:
         self.progress_rows: list[dict] = []
         """Per worker, every PROGRESS_S: records read and committed (`progress.parquet`)."""
         self._last_progress = 0.0
+        self._last_progress_event = 0.0
+        self._read_reported = -1
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.listener, selectors.EVENT_READ, None)
         self._stop = False
@@ -284,6 +291,14 @@ class Coordinator:
                     }
                     for w, c in counts
                 )
+                if now - self._last_progress_event >= PROGRESS_EVENT_S and not self.finished and self.failure is None:
+                    self._last_progress_event = now
+                    read = sum(int(c.get("read") or 0) for _, c in counts)
+                    if read != self._read_reported:
+                        # the whole run's records read: after a restore a worker counts again
+                        # from its restored position, so this sum can go down
+                        self._read_reported = read
+                        self.event("progress", read=read)
             if not self.finished and self.failure is None:
                 try:
                     self.mode.tick(self)

@@ -1,6 +1,6 @@
 """The judge's own arithmetic (experiments/chaos.py): lost and duplicated records of file sinks
-(multisets) and upsert sinks (final maps), and how far into a run its kills may go. Expected
-numbers are counted by hand from the inputs written here."""
+(multisets) and upsert sinks (final maps), and where in a run its kills go (records read).
+Expected numbers are counted by hand from the inputs written here."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import pytest
 
 from experiments.chaos import (
     DEAD_LETTERS,
+    Progress,
     _finish,
+    _recovered,
     _start,
-    advanced,
     canonical,
     compare,
     dead_letters,
     exit_code,
-    kill_plan,
+    kill_targets,
+    reference_reads,
 )
 from nosync.errors import NosyncError, RunFailed
 
@@ -90,6 +92,10 @@ def test_exit_codes_of_the_verdicts():
     assert exit_code({"deterministic": False, "judged": False, "exactly_once": None}) == 3
     # equal outputs, but nothing recovered: not a pass
     assert exit_code({"deterministic": True, "judged": False, "exactly_once": None, "no_recovery": True}) == 4
+    # equal outputs, but fewer kills made than asked for: not a pass either
+    assert exit_code({"deterministic": True, "judged": False, "exactly_once": None, "kills_short": True}) == 4
+    # records lost after the kills that were made: lost all the same
+    assert exit_code({"deterministic": True, "judged": True, "exactly_once": False, "kills_short": True}) == 1
 
 
 def write_events(path, events) -> None:
@@ -97,49 +103,71 @@ def write_events(path, events) -> None:
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
-def test_kill_plan_leaves_the_end_of_the_run_out(tmp_path):
-    def run(name, progress_times, end):
-        events = [{"t": 0.0, "event": "running"}]
-        events += [{"t": t, "event": "checkpoint_completed", "checkpoint": n} for n, t in enumerate(progress_times, 1)]
-        events += [
-            {"t": end, "event": "finished"},
-            {"t": end + 0.1, "event": "checkpoint_completed", "checkpoint": len(progress_times) + 1},
-        ]
-        write_events(tmp_path / name / "events.jsonl", events)
-        return str(tmp_path / name)
+def test_kill_targets_fall_in_order_one_in_each_slice_of_the_middle_of_the_run():
+    import random
 
-    a = run("a", [1.0, 2.0, 3.0, 4.0, 5.0, 5.1], 5.2)  # 6 before the end (the one after it does not count)
-    b = run("b", [1.0, 3.0, 5.0, 7.0, 9.0, 9.5, 9.6], 9.7)  # 7
-    # the fewest (6), less the two that come with the end (4), shared by kills + 1, less one
-    assert kill_plan([a, b], 1)["skip"] == 4 // 2 - 1
-    assert kill_plan([a, b], 3)["skip"] == 0
-    gaps = sorted([1.0, 1.0, 1.0, 1.0, 0.1] + [2.0, 2.0, 2.0, 2.0, 0.5, 0.1])
-    assert kill_plan([a, b], 1)["gap_s"] == gaps[len(gaps) // 2]
+    # 10% to 80% of 1000 records in 5 slices of 140: [100, 240), [240, 380), ... [660, 800)
+    for seed in range(200):
+        targets = kill_targets(1000, 5, random.Random(seed))
+        assert len(targets) == 5
+        for k, t in enumerate(targets):
+            assert 100 + 140 * k <= t < 100 + 140 * (k + 1), (seed, targets)
+    assert kill_targets(1000, 5, random.Random(7)) == kill_targets(1000, 5, random.Random(7))
+    assert all(100 <= t < 800 for t in kill_targets(1000, 1, random.Random(3)))
+    # a run that read nothing: every kill as soon as the run can be killed at all
+    assert kill_targets(0, 3, random.Random(1)) == [0, 0, 0]
 
 
-def test_kill_plan_counts_epochs_of_the_safe_point_not_its_events(tmp_path):
-    """A safe point that jumps (10 epochs in 4 events) is progress of 10 units; the end of the
-    input (the epoch of a finished channel) is not progress."""
-    events = [{"t": 0.0, "event": "running"}]
-    events += [{"t": t, "event": "safe_point", "epoch": e} for t, e in [(1, 0), (2, 1), (3, 5), (4, 9)]]
-    events += [{"t": 5.0, "event": "safe_point", "epoch": 1 << 62}, {"t": 5.1, "event": "finished"}]
-    write_events(tmp_path / "a" / "events.jsonl", events)
-    # epochs 0..9: 10 units, less 2, shared by 1 kill + 1, less one
-    assert kill_plan([str(tmp_path / "a")], 1)["skip"] == 8 // 2 - 1
+def test_reference_reads_are_the_fewest_a_summary_or_the_progress_events_show(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.mkdir()
+    (a / "summary.json").write_text(json.dumps({"records_read": 5000}))
+    b.mkdir()
+    (b / "summary.json").write_text(json.dumps({"records_read": 4990}))
+    # no summary: the most its progress events showed (the sum drops after a restore)
+    write_events(c / "events.jsonl", [{"event": "progress", "read": n} for n in (100, 4000, 3000, 4500)])
+    assert reference_reads([str(a), str(b)]) == 4990
+    assert reference_reads([str(a), str(c)]) == 4500
 
 
-def test_a_kill_after_a_recovery_counts_the_epochs_the_safe_point_jumped():
-    safe = [{"event": "safe_point", "epoch": e} for e in (0, 1, 2)]
-    events = [{"event": "running"}, *safe, {"event": "recovered"}, {"event": "running"}]
-    start = 5
-    assert advanced(events, start) == 0
-    events.append({"event": "safe_point", "epoch": 3})
-    assert advanced(events, start) == 1
-    events.append({"event": "safe_point", "epoch": 13})
-    # from epoch 2, the last safe point before the restart, to 13; one event but 11 epochs
-    assert advanced(events, start) == 11
-    # with no progress before the start, the first event after it counts as one
-    assert advanced([{"event": "running"}, {"event": "committed", "epoch": 4}], 0) == 1
+def test_progress_is_the_most_records_read_any_progress_event_showed(tmp_path):
+    path = tmp_path / "events.jsonl"
+    p = Progress(str(path))
+    lines = [
+        {"event": "registered", "worker": 0, "pid": 11},
+        {"event": "running"},
+        {"event": "progress", "read": 300},
+        {"event": "safe_point", "epoch": 0},
+        {"event": "progress", "read": 900},
+        {"event": "worker_lost", "worker": 0},
+        {"event": "registered", "worker": 0, "pid": 12},
+        {"event": "progress", "read": 400},  # the retry counts from its restored position
+    ]
+    write_events(path, lines[:2])
+    p.poll()
+    assert (p.running, p.armed, p.read, p.over) == (True, False, 0, False)
+    write_events(path, lines)
+    p.poll()
+    assert (p.running, p.armed, p.read) == (True, True, 900)
+    assert p.pid_of(0) == 12
+    write_events(path, [*lines, {"event": "progress", "read": 950}, {"event": "finished"}])
+    p.poll()
+    assert (p.read, p.over) == (950, True)
+
+
+def test_a_kill_waits_until_every_victim_recovered_or_every_worker_regrouped():
+    seen = [{"event": "running"}, {"event": "regroup"}, {"event": "running"}]
+    # a regroup before the kill (at index 3) is not its recovery
+    assert not _recovered(seen, 3, [1])
+    seen.append({"event": "worker_lost", "worker": 1})
+    seen.append({"event": "recovered", "worker": 1})
+    assert _recovered(seen, 3, [1])
+    # two lost workers, each recovering alone: both must be back
+    assert not _recovered(seen, 3, [1, 2])
+    assert _recovered([*seen, {"event": "recovered", "worker": 2}], 3, [1, 2])
+    # or every worker after a regroup, once running again
+    assert not _recovered([*seen, {"event": "regroup"}], 3, [1, 2])
+    assert _recovered([*seen, {"event": "regroup"}, {"event": "generation"}, {"event": "running"}], 3, [1, 2])
 
 
 def _ended(tmp_path, code: str, timeout: float = 60.0) -> None:

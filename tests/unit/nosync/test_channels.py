@@ -1,10 +1,12 @@
 """Authenticated channels and credit-based flow control, on real sockets on 127.0.0.1; and the
-coordinator refusing a connection that does not know the run's secret."""
+coordinator refusing a connection that does not know the run's secret, and writing how many
+records the run has read to its events."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import socket
 import struct
@@ -322,3 +324,33 @@ def test_coordinator_registers_a_worker_with_the_right_secret(coordinator):
         assert coordinator.failure is None
     finally:
         sock.close()
+
+
+# -- the coordinator's progress events ---------------------------------------------------------
+
+
+def test_coordinator_writes_the_records_read_as_progress_events_when_they_change(tmp_path):
+    """The sum of the workers' last counts of records read goes to events.jsonl, at most every
+    PROGRESS_EVENT_S and only when it changed; it may go down (a worker restored)."""
+    from nosync.driver.coordinator import PROGRESS_EVENT_S
+
+    c = Coordinator(2, SECRET, get_mode("none"), "run-1", run_dir=str(tmp_path))
+
+    def reads() -> list[int]:
+        return [e["read"] for e in c.events if e["event"] == "progress"]
+
+    try:
+        with c._lock:
+            c.counters = {0: {"read": 5}, 1: {"read": 7}}
+        wait_until(lambda: reads() == [12], "a progress event of 12 records")
+        time.sleep(3 * PROGRESS_EVENT_S)
+        assert reads() == [12], "a progress event without a change"
+        with c._lock:
+            c.counters = {0: {"read": 2}, 1: {"read": 7}}
+        wait_until(lambda: reads() == [12, 9], "a progress event of 9 records")
+        times = [e["t"] for e in c.events if e["event"] == "progress"]
+        assert times[1] - times[0] >= PROGRESS_EVENT_S
+    finally:
+        c.close()
+    with open(tmp_path / "events.jsonl", encoding="utf-8") as f:
+        assert [e["read"] for e in map(json.loads, f) if e["event"] == "progress"] == [12, 9]
