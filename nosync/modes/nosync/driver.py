@@ -49,6 +49,9 @@ class NosyncMode(Mode):
         self.safe = -1
         self.safe_rows: list[dict] = []
         self.recovering: dict[int, dict] = {}
+        self.replaying: set[int] = set()
+        """Workers of a generation that restored every worker (a regroup, a resume) that have not
+        said they replayed yet: a replaying worker cannot lose a peer and go on."""
         self.recoveries: list[dict] = []
         self.last_broadcast = 0.0
         self.threshold = self.options.replay_threshold_records
@@ -89,6 +92,7 @@ class NosyncMode(Mode):
             self.changed = True
             return
         if msg.get("op") == NosyncOp.REPLAYED:
+            self.replaying.discard(worker)
             done = self.recovering.pop(worker, None)
             if done is not None:
                 done["replayed_at"] = time.time()
@@ -163,13 +167,16 @@ class NosyncMode(Mode):
             "read_at_loss": int(coord.counters.get(worker, {}).get("read", 0)),
         }
         self.recoveries.append(row)
-        others = [w for w in self.recovering if w != worker]
+        # a worker still replaying (alone, or after a regroup) fails its replay when a peer goes:
+        # every worker restores then
+        others = sorted(w for w in {*self.recovering, *self.replaying} if w != worker)
         coord.ready.discard(worker)
         coord.done.pop(worker, None)
         if others or not coord.all_ready and len(coord.ready) < coord.workers - 1:
             # a second worker lost while one recovers: every worker restores its own snapshot
             row["global"] = True
             self.recovering = {}
+            self.replaying = set()
             coord.regroup(f"worker {worker} (attempt {attempt}) was lost while worker(s) {others} recovered")
             return
         coord.regroups += 1
@@ -202,6 +209,7 @@ class NosyncMode(Mode):
         nothing on a fresh start."""
         if gen == 0 and not self.resume:
             return {}
+        self.replaying = set(range(coord.workers))
         coord.event("restore", scope="every worker")
         return {"restore": True}
 
