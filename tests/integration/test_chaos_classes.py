@@ -1,9 +1,13 @@
 """`nosync chaos` with its failure classes and its count of kills, on embedded Spark.
 
 - a lost machine (`--failure machine`: the worker killed, its local root and the part files it
-  was writing wiped before its retry starts) under mode nosync with the remote tier, W = 3:
-  exactly-once, the retry restored from what lives off the lost machine;
-- two machines lost at once under mode replay, which persists nothing (soak);
+  was writing wiped before its retry starts) under mode nosync with the replicated level,
+  W = 3: exactly-once, the retry restored from a peer's copy of its store (test_nosync.py has
+  the remote tier's case);
+- under `make soak`: a lost machine for every mode and level that survives one (abs: remote;
+  nosync: remote, replicated, replicated + remote) and two machines lost at once for nosync
+  with two replicas, on every shipped workload at W = 3; two machines lost at once under mode
+  replay, which persists nothing;
 - a run too short for the kills asked for is not judged: exit 4, naming how many of them
   were made.
 """
@@ -16,17 +20,23 @@ import re
 import subprocess
 
 import pytest
+from support import soak
 from support.paths import NOSYNC, ROOT, WORKLOADS
+from support.runs import judge_chaos
+from support.workloads import committed_vertices, loop_options, workload_params
 
 from experiments.chaos import chaos
+from experiments.workloads import reachability
 
 KEYED_COUNT = os.path.join(WORKLOADS, "keyed_count.py")
 SMALL = {"records": "1500000", "keys": "20000"}
 """keyed_count small enough for three runs in about a minute, long enough for a kill at W = 3
 (the first comes after the first safe point, 300k to 400k records in)."""
+CLASS_PARAMS = {"reachability": {"vertices": "60000", "seed": "3"}}
+"""The soak's graph, as the loops' soak has it."""
 
 
-def test_a_lost_machine_under_nosync_with_the_remote_tier_is_exactly_once(tmp_path):
+def test_a_lost_machine_under_nosync_with_the_replicated_level_is_exactly_once(tmp_path):
     r = chaos(
         KEYED_COUNT,
         "nosync",
@@ -35,7 +45,7 @@ def test_a_lost_machine_under_nosync_with_the_remote_tier_is_exactly_once(tmp_pa
         seed=1,
         params=SMALL,
         out=str(tmp_path / "chaos"),
-        options={"checkpoint_tier": "remote"},
+        options={"checkpoint_tier": "replicated"},
         timeout=300,
         failure="machine",
     )
@@ -47,8 +57,20 @@ def test_a_lost_machine_under_nosync_with_the_remote_tier_is_exactly_once(tmp_pa
     with open(os.path.join(r["chaos"], "summary.json"), encoding="utf-8") as f:
         (rec,) = json.load(f)["recoveries"]
     victim = str(r["killed"][0]["workers"][0])
-    assert rec["restored_from"] == {victim: "remote"}, rec
+    assert rec["restored_from"] == {victim: "replica"}, rec
     assert rec["restored_step"] > 0, "the retry found nothing to restore: the wipe took what it restores from"
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("workload", "mode", "level", "failure"), soak.class_cases())
+def test_failure_class_soak(tmp_path, workload, mode, level, failure):
+    params = CLASS_PARAMS.get(workload) or workload_params(workload, tmp_path)
+    options = {**soak.LEVELS[level], **(loop_options(mode) if workload == "reachability" else {})}
+    events = judge_chaos(tmp_path, workload, mode, 3, 1, 3, params, options, failure=failure)
+    assert any(e["event"] == "registered" and e.get("attempt", 0) > 0 for e in events)
+    if workload == "reachability":
+        got = committed_vertices(str(tmp_path / "chaos" / "chaos" / "output"))
+        assert set(got) == reachability.reference(params) and set(got.values()) == {1}
 
 
 @pytest.mark.soak

@@ -25,6 +25,7 @@ import pytest
 from support import soak
 from support.paths import NOSYNC, PIPELINES, ROOT, WORKLOADS
 from support.runs import judge_chaos
+from support.workloads import committed_vertices, loop_options
 
 import nosync as ns
 from experiments.workloads import reachability
@@ -33,14 +34,6 @@ from nosync.spark.batch import run_batch
 REACH = {"vertices": "50000"}
 """The suite's graph: 50,000 vertices, 200,000 edges (with epochs of 4,000 records per source
 partition: a run of a few seconds, long enough for two kills)."""
-
-
-def loop_options(mode: str) -> dict:
-    return {"epoch_records": 4000, **({"checkpoint_ms": 300} if mode == "abs" else {})}
-
-
-def committed_vertices(directory: str) -> collections.Counter:
-    return collections.Counter(ns.sinks.Files(directory).read_committed())
 
 
 @pytest.mark.parametrize("mode", soak.MODES)

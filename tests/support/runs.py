@@ -14,10 +14,19 @@ from support.paths import NOSYNC, ROOT, WORKLOADS
 
 
 def judge_chaos(
-    tmp_path, workload: str, mode: str, workers: int, kills: int, seed: int, params: dict, options: dict | None = None
+    tmp_path,
+    workload: str,
+    mode: str,
+    workers: int,
+    kills: int,
+    seed: int,
+    params: dict,
+    options: dict | None = None,
+    failure: str = "process",
 ) -> list[dict]:
     """Runs `nosync chaos` on a shipped workload (or a pipeline file, a path ending in .py)
-    and asserts exactly-once with every kill recovered; returns the killed run's events."""
+    and asserts exactly-once with every kill recovered (and, for a lost machine, wiped before
+    its retry); returns the killed run's events."""
     r = chaos(
         workload if workload.endswith(".py") else os.path.join(WORKLOADS, f"{workload}.py"),
         mode,
@@ -27,11 +36,15 @@ def judge_chaos(
         params=params,
         out=str(tmp_path / "chaos"),
         options=options,
+        failure=failure,
     )
     assert r["deterministic"], r
     assert "run_failed" not in r, r["run_failed"]
     assert r["kills"] == kills, f"only {r['kills']} of {kills} kills happened before the run ended: {r}"
-    assert r["recoveries"] == kills, r
+    lost = 2 if failure == "two" else 1
+    assert r["recoveries"] == kills * lost, r
+    if failure != "process":
+        assert all(k["wiped_before_retry"] == [True] * lost for k in r["killed"]), r["killed"]
     assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
     assert r["exactly_once"] is True
     with open(tmp_path / "chaos" / "chaos" / "events.jsonl", encoding="utf-8") as f:

@@ -23,6 +23,29 @@ PIPELINES = ("chaos_mixed", "chaos_chain", "halving_loop", "python_state")
 """Pipelines beyond the shipped workloads (tests/integration/pipelines), judged as they are."""
 
 
+CLASS_WORKLOADS = (*WORKLOADS, "reachability")
+"""The shipped workloads the failure classes are judged on (reachability: a loop across workers)."""
+
+LEVELS = {
+    "remote": {"checkpoint_tier": "remote"},
+    "replicated": {"checkpoint_tier": "replicated", "replicas": 1},
+    "replicated+remote": {"checkpoint_tier": "remote", "replicas": 1},
+    "replicated-2": {"checkpoint_tier": "replicated", "replicas": 2},
+}
+"""The levels that survive a lost machine, as the run options that make them."""
+
+
+def class_cases() -> list[tuple[str, str, str, str]]:
+    """(workload, mode, level, failure) at W = 3: a lost machine for every mode and level that
+    survives one, two machines lost at once for nosync with two replicas."""
+    out = []
+    for w in CLASS_WORKLOADS:
+        out.append((w, "abs", "remote", "machine"))
+        out += [(w, "nosync", lv, "machine") for lv in ("remote", "replicated", "replicated+remote")]
+        out.append((w, "nosync", "replicated-2", "two"))
+    return out
+
+
 def cases(mode: str) -> list[tuple[str, int, int, int]]:
     """Mode `mode`'s cases of the shipped workloads: (workload, W, kills, seed)."""
     return [(w, n, k, seed) for w in WORKLOADS for n in WORKERS for k in KILLS[mode] for seed in SEEDS]

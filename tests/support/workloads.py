@@ -55,3 +55,16 @@ def write_dead_letters_input(directory, files: int = 4, lines: int = 250_000) ->
                 f.write(line + "\n")
                 offset += len(line) + 1
     return bad
+
+
+def loop_options(mode: str) -> dict:
+    """The run options of a chaos run of reachability: short epochs, so that a loop's epoch
+    ends (and a safe point or a checkpoint comes) often enough for kills to fall inside it."""
+    return {"epoch_records": 4000, **({"checkpoint_ms": 300} if mode == "abs" else {})}
+
+
+def committed_vertices(directory: str) -> collections.Counter:
+    """The vertices reachability's Files sink committed in `directory`, with their counts."""
+    import nosync as ns
+
+    return collections.Counter(ns.sinks.Files(directory).read_committed())
