@@ -32,8 +32,8 @@ KEYED_COUNT = os.path.join(WORKLOADS, "keyed_count.py")
 SMALL = {"records": "1500000", "keys": "20000"}
 """keyed_count small enough for three runs in about a minute, long enough for a kill at W = 3
 (the first comes after the first safe point, 300k to 400k records in)."""
-CLASS_PARAMS = {"reachability": {"vertices": "60000", "seed": "3"}}
-"""The soak's graph, as the loops' soak has it."""
+CLASS_PARAMS = {"reachability": {"vertices": "60000", "seed": "3"}, "keyed_count": SMALL, "nexmark": {"bids": "800000"}}
+"""Sizes for one kill at W = 3 (the process grid's are for three); the loops' soak graph."""
 
 
 def test_a_lost_machine_under_nosync_with_the_replicated_level_is_exactly_once(tmp_path):
