@@ -41,6 +41,7 @@ def judge(tmp_path, workload: str, workers: int, kills: int, seed: int, params: 
         assert e["epoch"] in committed, f"recomputed epoch {e['epoch']} was never committed everywhere"
 
 
+@pytest.mark.soak
 def test_chaos_replay_is_exactly_once(tmp_path):
     judge(tmp_path, "keyed_count", 2, 1, seed=3, params={"records": "1200000", "keys": "20000"})
 

@@ -13,6 +13,7 @@ it holds beyond.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,9 @@ class Levels:
         for name in self._level_names():
             self.level_lag_s.setdefault(name, 0.0)
         path = store_path(worker.spec["run_dir"], worker.index)
-        self.lost_store = self.restoring and not os.path.exists(os.path.join(path, "MANIFEST"))
+        self.lost_store = self.restoring and not (
+            os.path.exists(os.path.join(path, "MANIFEST")) and os.path.exists(os.path.join(path, "disk"))
+        )
         if self.replicas is not None and self.lost_store:
             self._seed_from_replicas(worker, path)
 
@@ -87,6 +90,8 @@ class Levels:
         got = best.get(STORE)
         if got is not None:
             img, records = got
+            # what is left of the lost store (a manifest without its tiers) goes first
+            shutil.rmtree(path, ignore_errors=True)
             last = lsm.seed(path, img, records, remote=remote_of(path))
             self.seeded_from = {"seq": last, "records": len(records), "seconds": time.perf_counter() - t0}
 
@@ -116,6 +121,9 @@ class Levels:
             self.replicas.poll(worker, lambda j: bool(self.up.get(j)))
         marks = self.level_marks
         if not marks:
+            return
+        if not self.level_lag_s:
+            marks.clear()  # no level measured (hooks driven without a start, as in tests)
             return
         now = time.monotonic()
         low = None
