@@ -3,8 +3,8 @@
 A replica of a store (another process's memory, say) holds what `Store.image` made of it and
 the records the persister reported logging since (`StoreOptions.on_logged`). `seed` writes
 them into a directory that holds no store, as the store itself would have: the image's runs
-on the disk tier with its seq as the applied marker and its horizon, the records in the
-local log. `Store(path)` then opens it like any other: it replays the records, and reads
+on the disk tier with its applied marker and its horizon, its records and the later ones in
+the local log. `Store(path)` then opens it like any other: it replays the records, and reads
 whatever its remote tier holds beyond them.
 """
 
@@ -22,13 +22,18 @@ from lsm.manifest import Manifest, read_manifest, write_manifest
 
 
 class Image(NamedTuple):
-    """A base image of a store: every state as one run, as of `seq`, with the versions a read
-    at or after `horizon` can see."""
+    """A copy of a store (`Store.image`): the runs of its disk tier, as stored, up to seq
+    `applied`, and the log records after it up to `seq`; reads as of `horizon` or later see
+    what the store saw."""
 
     seq: int
     horizon: int
     rows: list[tuple[bytes, bytes]]
-    """(encoded state name, run bytes) of each state."""
+    """(encoded state name, run bytes) of each run of the disk tier."""
+    records: tuple | list = ()
+    """(seq, body) of the log records above `applied`, in seq order."""
+    applied: int | None = None
+    """The last seq the runs cover (None: `seq`)."""
 
 
 def seed(
@@ -38,9 +43,9 @@ def seed(
     remote: str | None = None,
     segment_bytes: int = 64 << 20,
 ) -> int:
-    """Makes `path`, which must hold no store yet, a store holding `base` and the log
-    `records` ((seq, body) in seq order; those at or below the image's seq are skipped) above
-    it; `remote` is its remote tier (default: `<path>/remote`). Returns the last seq it holds
+    """Makes `path`, which must hold no store yet, a store holding `base` (its runs and its
+    records) and the log `records` ((seq, body), in seq order) above it, a seq `base` holds
+    already taken once; `remote` is its remote tier (default: `<path>/remote`). Returns the last seq it holds
     (-1: none). Raises LsmError when `path` holds a store already, StoreLockedError when a
     process holds its lock."""
     os.makedirs(path, exist_ok=True)
@@ -60,12 +65,14 @@ def seed(
         disk = DiskTier(os.path.join(path, "disk"))
         try:
             if base is not None:
-                disk.write(base.rows, applied=base.seq, sync=True)
+                last = base.seq if base.applied is None else base.applied
+                disk.write(base.rows, applied=last, sync=True)
                 disk.set_horizon(base.horizon)
-                last = base.seq
         finally:
             disk.close(settle=True)
-        after = [(seq, body) for seq, body in records if seq > last]
+        # the image's own records, then those after it: each seq once, in order
+        mine = base.records if base is not None else ()
+        after = sorted({seq: body for seq, body in [*mine, *records] if seq > last}.items())
         if after:
             log = Log(os.path.join(path, "log"), segment_bytes)
             log.open(after=last)

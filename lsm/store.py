@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from lsm import files
-from lsm.codec import TOMBSTONE, key_hash, pack_column, pack_keys, pack_values, unpack_keys
+from lsm.codec import TOMBSTONE, key_hash, pack_column, pack_keys, pack_map_parts, pack_values, unpack_keys
 from lsm.disk import DiskTier, RunRef
 from lsm.errors import (
     CorruptLogError,
@@ -46,10 +46,10 @@ from lsm.errors import (
 from lsm.keys import KEY_TYPES, MAX_SEQ, check_key_column, decode_key, encode_key
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
-from lsm.persister import Persister
+from lsm.persister import Persister, encoded_runs
 from lsm.records import Record
 from lsm.remote import RemoteTier
-from lsm.run import MISSING, PendingRun, RunView, image, join_pairs, truncate
+from lsm.run import MISSING, PendingRun, RunView, join_pairs, truncate
 from lsm.seed import Image
 
 LEVELS = ("memory", "disk", "remote")
@@ -580,27 +580,30 @@ class Store:
         """(lo, hi, entries) of each run of `state`, oldest first: what a load applies."""
         return [(r.lo, r.hi, r.n + r.npairs) for r in reversed(self._runs(encode_key(state), self._view, MAX_SEQ))]
 
-    def image(self, horizon: int | None = None) -> Image:
-        """A base image of every state as it stands now: one run per state holding each live
-        key's newest value and the older versions a read at or after `horizon` (default: now)
-        can see, and the seq it stands at. Made from one read view (batches not yet indexed
-        included), so merges and appends meanwhile change nothing in it; it decodes every run,
-        so call it off the processing thread. `seed` makes a store of it."""
+    def image(self) -> Image:
+        """A copy of the store as it stands now, with nothing decoded: every run of the disk
+        tier as stored (LevelDB reads, so the versions the store keeps stay readable in the
+        copy), and every batch not yet indexed as the log record it is (encoded here if the
+        persister has not yet). Made from one read view, so merges and appends meanwhile
+        change nothing in it. `seed` makes a store of it."""
         with self._lock:
             view, seq = self._view, self._last
-        at = seq if horizon is None else min(horizon, seq)
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
-        batches, catalog, _, _ = view
-        names = set(catalog)
-        for b in batches:
-            names.update(b.runs)
+        batches, catalog, snap, _ = view
         rows = []
-        for sb in sorted(names):
-            runs = list(reversed(self._runs(sb, view, MAX_SEQ)))
-            if runs:
-                rows.append((sb, image(runs, seq, at)))
-        return Image(seq, max(at, self._disk.horizon), rows)
+        for sb, refs in sorted(catalog.items()):
+            for ref in refs:
+                data = self._disk.read(ref, snap)
+                if data is None:
+                    raise LsmError(f"store {self.path}: run of seq {ref.hi} is missing from the disk tier")
+                rows.append((sb, data))
+        records = []
+        for b in batches:
+            body = b.body if b.body is not None else pack_map_parts(encoded_runs(b))
+            records.append((b.seq, body if type(body) is bytes else b"".join(body)))
+        applied = batches[0].seq - 1 if batches else seq
+        return Image(seq, self._disk.horizon, rows, records, applied)
 
     # -- durability ----------------------------------------------------------------
 

@@ -8,7 +8,8 @@ acknowledges the last seq it holds. A store's seq counts as durable at level `re
 once every holder acknowledged it (`durable`).
 
 A holder starts with no copy. The first thing a worker sends a holder is a base image of its
-store (`lsm.Store.image`, made on a thread of its own: at the start of a run it is empty),
+store (`lsm.Store.image`: its runs as stored and the batches not yet on its disk tier, nothing
+decoded, read on a thread of its own; at the start of a run it is empty),
 then the records after it; a `put` names the seq its records follow (`prev`), so a holder
 whose copy does not end there (it restarted and lost its memory, or the sender recovered from
 another copy) asks for a base again. A holder over its budget says so (`full`): the sender
@@ -61,21 +62,35 @@ class Copy:
     def __init__(self, base: lsm.Image) -> None:
         self.base = base
         self.records: list[tuple[int, bytes]] = []
-        self.nbytes = sum(len(a) + len(b) for a, b in base.rows)
+        self.nbytes = sum(len(a) + len(b) for a, b in base.rows) + sum(len(b) for _, b in base.records)
         self.last = base.seq
 
     def wire(self) -> dict:
         """The copy as a msgpack-able map (`fetch`'s answer)."""
-        b = self.base
-        return {"base": [b.seq, b.horizon, [list(r) for r in b.rows]], "records": [list(r) for r in self.records]}
+        return {"base": image_wire(self.base), "records": [list(r) for r in self.records]}
+
+
+def image_wire(img: lsm.Image) -> list:
+    """An image as a msgpack-able list."""
+    applied = img.seq if img.applied is None else img.applied
+    return [img.seq, img.horizon, [list(r) for r in img.rows], [list(r) for r in img.records], applied]
+
+
+def image_of(w: Any) -> lsm.Image:
+    """The image `image_wire` made `w` of."""
+    seq, horizon, rows, records, applied = w
+    return lsm.Image(
+        int(seq),
+        int(horizon),
+        [(bytes(a), bytes(b)) for a, b in rows],
+        [(int(s), bytes(b)) for s, b in records],
+        int(applied),
+    )
 
 
 def copy_of(d: dict) -> tuple[lsm.Image, list[tuple[int, bytes]]]:
     """The base image and records of a copy's wire map."""
-    seq, horizon, rows = d["base"]
-    return lsm.Image(int(seq), int(horizon), [(bytes(a), bytes(b)) for a, b in rows]), [
-        (int(s), bytes(b)) for s, b in d["records"]
-    ]
+    return image_of(d["base"]), [(int(s), bytes(b)) for s, b in d["records"]]
 
 
 class Replicas:
@@ -90,7 +105,6 @@ class Replicas:
         self.budget = budget_bytes
         # -- the sender
         self.stores: dict[str, Any] = {}
-        self.horizons: dict[str, Any] = {}
         self.inbox: deque = deque()
         """(store, seq, body) the persisters logged, for the processing thread to send."""
         self.state = {j: "base" for j in self.holders}
@@ -116,11 +130,9 @@ class Replicas:
 
     # -- the sender ---------------------------------------------------------------------
 
-    def add_store(self, name: str, store: Any, horizon: Any = None) -> None:
-        """Replicates `store` under `name`; `horizon()` says how far back a base image keeps
-        versions (default: none older than its seq)."""
+    def add_store(self, name: str, store: Any) -> None:
+        """Replicates `store` under `name`."""
         self.stores[name] = store
-        self.horizons[name] = horizon
 
     def logged(self, name: str, records: list[tuple[int, bytes]]) -> None:
         """The persister of store `name` logged `records` (its thread; thread-safe)."""
@@ -174,8 +186,7 @@ class Replicas:
         def make() -> None:
             try:
                 for name, store in list(self.stores.items()):
-                    h = self.horizons.get(name)
-                    job["images"][name] = store.image(h() if h is not None else None)
+                    job["images"][name] = store.image()
             except Exception as e:  # noqa: BLE001 - reported on the processing thread
                 job["error"] = e
             finally:
@@ -196,7 +207,7 @@ class Replicas:
             if j not in job["for"] or self.state[j] != "basing" or not up(j):
                 continue
             for name, img in images.items():
-                self._send(worker, j, {"op": "base", "store": name, "seq": img.seq, "horizon": img.horizon}, img.rows)
+                self._send(worker, j, {"op": "base", "store": name}, image_wire(img))
                 self.sent[j][name] = img.seq
             self.state[j] = "live"
             self.rebases += 1
@@ -276,8 +287,7 @@ class Replicas:
         name = h.get("store")
         copies = self.held.setdefault(j, {})
         if op == "base":
-            img = lsm.Image(int(h["seq"]), int(h["horizon"]), [(bytes(a), bytes(b)) for a, b in body])
-            c = Copy(img)
+            c = Copy(image_of(body))
             if self._total() - (copies[name].nbytes if name in copies else 0) + c.nbytes > self.budget:
                 copies.pop(name, None)
                 self._answer(worker, j, {"op": "full", "store": name, "base": True, "budget": self.budget})

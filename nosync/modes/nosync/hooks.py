@@ -482,7 +482,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             on_logged=None if self.replicas is None else (lambda recs: self.replicas.logged(STORE, recs)),
         )
         if self.replicas is not None:
-            self.replicas.add_store(STORE, self.store, horizon=lambda: self.kept[-1] if self.kept else None)
+            self.replicas.add_store(STORE, self.store)
 
     def on_start(self, worker: Worker, peers: dict) -> None:
         """Opens the store, the output log and the input logs of unreplayable sources; a restore or

@@ -257,7 +257,7 @@ class SeedMachine(RuleBasedStateMachine):
         else:
             h = None
         horizon = s.horizon
-        img = s.image(horizon=h)
+        img = s.image()
         note(f"image(horizon={h}): seq {img.seq}, horizon {img.horizon}; store horizon {horizon}")
         assert img.seq == self.model.last
         must = max(top if h is None else h, horizon)
@@ -512,7 +512,7 @@ def test_image_is_of_the_moment_it_was_made(tmp_path) -> None:  # noqa: ANN001
         fill(s, model, [0, 1, 2, 3])
         s.compact()
         fill(s, model, [5, 6])  # maybe not indexed yet: the image takes them from memory
-        img = s.image(horizon=s.horizon)
+        img = s.image()
         frozen = Versions()
         frozen.chains = {st_: {k: list(v) for k, v in ch.items()} for st_, ch in model.chains.items()}
         frozen.seqs, frozen.last = list(model.seqs), model.last
