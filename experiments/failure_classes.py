@@ -35,7 +35,7 @@ INTERVAL_MS = 1000
 
 
 def points(quick: bool) -> list[dict]:
-    keys, records = (100_000, 1_500_000) if quick else (1_000_000, 8_000_000)
+    keys, records = (100_000, 1_500_000) if quick else (1_000_000, 4_000_000)
     base = {"workers": 2, "keys": keys, "records": records, "interval_ms": INTERVAL_MS}
     pts = [{**base, "mode": "none", "level": "-"}]
     pts += [{**base, "mode": m, "level": lv} for m, levels in MODES.items() for lv in levels]
