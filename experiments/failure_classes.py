@@ -103,15 +103,20 @@ def figure(rows: list[dict], path: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(CLASSES), figsize=(6.5 * len(CLASSES), 4.6))
     base = agg(rows, ("mode",), "steady_records_per_s").get(("none",))
+    tput = agg(rows, ("mode", "level"), "steady_records_per_s")
+    # one colour per mode and level, the same in every panel
+    palette = plt.get_cmap("tab10").colors
+    color = {k: palette[i % len(palette)] for i, k in enumerate(sorted(k for k in tput if k[0] != "none"))}
     for ax, failure in zip(axes, CLASSES, strict=True):
-        tput = agg(rows, ("mode", "level"), "steady_records_per_s")
         rec = agg(rows, ("mode", "level"), f"{failure}_recovery_s")
         for (mode, level), (y, ysd, _) in sorted(tput.items()):
             if mode == "none" or (mode, level) not in rec:
                 continue
             x, xsd, _ = rec[(mode, level)]
             marker = "o" if mode == "nosync" else "s"
-            ax.errorbar(x, y, xerr=xsd, yerr=ysd, fmt=marker, capsize=3, label=f"{mode} / {level}")
+            ax.errorbar(
+                x, y, xerr=xsd, yerr=ysd, fmt=marker, capsize=3, color=color[(mode, level)], label=f"{mode} / {level}"
+            )
             ax.annotate(f"{mode}/{level}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         if base:
             ax.axhline(base[0], color="#555555", linestyle="--", linewidth=1, label="none (no persistence)")
