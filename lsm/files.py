@@ -9,10 +9,13 @@ create or rename) are written once.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+
+from lsm.errors import StoreLockedError
 
 
 def write(fd: int, data: bytes) -> None:
@@ -40,6 +43,18 @@ def writev(fd: int, parts: list[bytes]) -> None:
             write(fd, memoryview(p)[n:])
             i += 1
             break
+
+
+def lock_directory(path: str) -> int:
+    """Takes the lock of the store directory `path` (its LOCK file, flock LOCK_EX|LOCK_NB) and
+    returns its fd, which holds it until closed; StoreLockedError when a process holds it."""
+    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(path) from None
+    return fd
 
 
 def fsync(fd: int) -> None:

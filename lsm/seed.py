@@ -10,13 +10,13 @@ whatever its remote tier holds beyond them.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 from typing import NamedTuple
 
+from lsm import files
 from lsm.disk import DiskTier
-from lsm.errors import LsmError, StoreLockedError
+from lsm.errors import LsmError
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
 
@@ -49,12 +49,8 @@ def seed(
     (-1: none). Raises LsmError when `path` holds a store already, StoreLockedError when a
     process holds its lock."""
     os.makedirs(path, exist_ok=True)
-    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = files.lock_directory(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreLockedError(path) from None
         if read_manifest(path) is not None:
             raise LsmError(f"{path} holds a store already: a store is seeded only into an empty directory")
         # no manifest: what is there is a seed cut short (a store writes its manifest before

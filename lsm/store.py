@@ -20,7 +20,6 @@ Directory layout: LOCK, MANIFEST, log/ (segments), disk/ (LevelDB), and by defau
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 import time
@@ -40,7 +39,6 @@ from lsm.errors import (
     RetentionError,
     SeqOrderError,
     StoreClosedError,
-    StoreLockedError,
     ValueEncodingError,
 )
 from lsm.keys import KEY_TYPES, MAX_SEQ, check_key_column, decode_key, encode_key
@@ -223,7 +221,7 @@ class Store:
         self.stats = StoreStats()
         self._closed = True
         os.makedirs(self.path, exist_ok=True)
-        self._lock_fd = self._take_lock()
+        self._lock_fd = files.lock_directory(self.path)
         try:
             self._open(remote)
         except BaseException:
@@ -234,16 +232,6 @@ class Store:
         self._persister.start()
 
     # -- opening ----------------------------------------------------------------
-
-    def _take_lock(self) -> int:
-        lock_path = os.path.join(self.path, "LOCK")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreLockedError(self.path) from None
-        return fd
 
     def _open(self, remote: str | None) -> None:
         manifest = read_manifest(self.path)
