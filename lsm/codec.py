@@ -153,6 +153,11 @@ def pack_keys(keys: Any) -> bytes:
         raise
 
 
+def joined(body: bytes | list[bytes]) -> bytes:
+    """A log record's body, in bytes or in parts laid end to end (`pack_map_parts`), as bytes."""
+    return body if type(body) is bytes else b"".join(body)
+
+
 def pack_map_parts(items: dict[bytes, bytes]) -> list[bytes]:
     """`pack_keys(items)` (a map of bytes to bytes) as parts laid end to end: the values'
     bytes themselves, not copies of them."""

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from lsm.codec import pack_map_parts
+from lsm.codec import joined, pack_map_parts
 from lsm.compaction import Compactor
 from lsm.errors import PersistError
 from lsm.run import PendingRun
@@ -178,7 +178,7 @@ class Persister(threading.Thread):
         s._log.append(records)
         tell = s.options.on_logged
         if tell is not None:
-            tell([(seq, body if type(body) is bytes else b"".join(body)) for seq, body in records])
+            tell([(seq, joined(body)) for seq, body in records])
         with s._cond:
             s._logged = max(s._logged, batches[-1].seq)
             s._durable_disk = max(s._durable_disk, s._logged)

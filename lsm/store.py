@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from lsm import files
-from lsm.codec import TOMBSTONE, key_hash, pack_column, pack_keys, pack_map_parts, pack_values, unpack_keys
+from lsm.codec import (
+    TOMBSTONE,
+    joined,
+    key_hash,
+    pack_column,
+    pack_keys,
+    pack_map_parts,
+    pack_values,
+    unpack_keys,
+)
 from lsm.disk import DiskTier, RunRef
 from lsm.errors import (
     CorruptLogError,
@@ -588,8 +597,7 @@ class Store:
                 rows.append((sb, data))
         records = []
         for b in batches:
-            body = b.body if b.body is not None else pack_map_parts(encoded_runs(b))
-            records.append((b.seq, body if type(body) is bytes else b"".join(body)))
+            records.append((b.seq, joined(b.body if b.body is not None else pack_map_parts(encoded_runs(b)))))
         applied = batches[0].seq - 1 if batches else seq
         return Image(seq, self._disk.horizon, rows, records, applied)
 
