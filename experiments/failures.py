@@ -30,6 +30,8 @@ import os
 import shutil
 import time
 
+from nosync.options import replica_count
+
 FAILURES = ("process", "machine", "two")
 """The failure classes, from the least lost to the most."""
 MACHINES_LOST = {"process": 0, "machine": 1, "two": 2}
@@ -58,8 +60,7 @@ def refusal(mode: str, failure: str, tier: str | None, replicas: int | None, wor
     if tier == "replicated":
         if mode != "nosync":
             return f"{head} is refused: the replicated level is mode nosync's; use --checkpoint-tier remote"
-        if replicas is None:
-            replicas = 1
+        replicas = replica_count(tier, replicas)
         given = f"--replicas {replicas}"
         if replicas < lost:
             why = "a copy on another worker" if lost == 1 else "two copies (one may be on the other lost machine)"

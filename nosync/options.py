@@ -152,9 +152,7 @@ class RunOptions:
     @property
     def replica_count(self) -> int:
         """The peers that hold a copy of each worker's store (0: no replicated level)."""
-        if self.replicas is not None:
-            return self.replicas
-        return 1 if self.checkpoint_tier == "replicated" else 0
+        return replica_count(self.checkpoint_tier, self.replicas)
 
     def but(self, **changes: Any) -> RunOptions:
         """These options with `changes`, validated again; a name that is no option is an error
@@ -177,6 +175,14 @@ class RunOptions:
         """The options a map from `to_wire` holds (a partial map: defaults for the rest); a key
         that is no option is an error naming it."""
         return cls().but(**(d or {}))
+
+
+def replica_count(tier: str | None, replicas: int | None) -> int:
+    """The peers that hold a copy of each worker's store with `--checkpoint-tier tier` and
+    `--replicas replicas` (None: not given, one on the replicated tier, else none)."""
+    if replicas is not None:
+        return replicas
+    return 1 if tier == "replicated" else 0
 
 
 def flag(name: str) -> str:
