@@ -69,7 +69,7 @@ def measure(spark: Any, d: str, p: dict, seed: int) -> dict:
         "bytes_persisted": s["bytes_persisted"],
     }
     for failure in CLASSES:
-        if refusal(mode, failure, tier, replicas or None, p["workers"]) is not None:
+        if refusal(mode, failure, tier, replicas, p["workers"]) is not None:
             row[f"{failure}_refused"] = True
             continue
         r = recovery(
