@@ -35,10 +35,12 @@ CASES = [("wordcount", 2, 1)]
 
 @pytest.mark.parametrize(("workload", "workers", "kills"), CASES)
 def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
-    # a smaller text than the soak grid's: three runs of it stay within the suite's time
-    big_text(tmp_path / "a.txt", 80_000)
-    # a run of this text lasts 1.5 to 3 s: checkpoints every 300 ms give the kill room to fall
-    # inside it (at the default 1 s, one fresh-clone run ended before its kill)
+    # a smaller text than the soak grid's: three runs of it stay within the suite's time, and
+    # its reading lasts several of the coordinator's 0.2 s progress events (at 80,000 lines a
+    # fresh-clone run read its last quarter, where the kill's target was, between two of them
+    # and ended before the kill)
+    big_text(tmp_path / "a.txt", 200_000)
+    # checkpoints every 300 ms give the kill something to recover from early in the run
     params = {"input": str(tmp_path / "a.txt")}
     judge_chaos(tmp_path, workload, "abs", workers, kills, 11 * workers + kills, params, {"checkpoint_ms": 300})
     # what `nosync inspect` finds in the run that was killed
