@@ -72,7 +72,8 @@ class RunOptions:
     )
     persist_budget: float = _opt(
         0.05,
-        "nosync: the share of a worker's time its persistence may take, in (0, 1]; past it, snapshots come less often.",
+        "The share of a worker's time its persistence may take, in (0, 1]: its stores' merges (abs, nosync) are held"
+        " to it; nosync's snapshots come less often past it.",
     )
     max_unpersisted_mb: int = _opt(
         256, "nosync: bytes appended and not yet durable (snapshots, lineage points) above which sources wait.", min=1

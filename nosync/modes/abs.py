@@ -123,6 +123,8 @@ class AbsHooks(WorkerHooks):
                     path,
                     f"the state of operator '{op.name}'",
                     retention=RETENTION,
+                    # merges held to the same share of a core as mode nosync's (equal terms)
+                    budget=self.options.persist_budget,
                     uploads=self.tier == "remote",
                 )
 

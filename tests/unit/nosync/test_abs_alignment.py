@@ -436,3 +436,18 @@ def test_snapshot_n_is_what_preceded_barrier_n_on_every_channel(tmp_path_factory
         assert emitted == {k: list(range(1, c + 1)) for k, c in everything.items()}
     finally:
         env.close()
+
+
+def test_checkpoint_stores_hold_their_merges_to_the_persistence_budget(tmp_path):
+    """abs's stores merge within --persist-budget, as mode nosync's store does: the two modes
+    compete for the same cores on equal terms."""
+    h = AbsHooks({"persist_budget": 0.2})
+    worker = Worker(str(tmp_path))
+    p = ns.Pipeline("p")
+    stream = p.source(ns.sources.Generator(records=0)).key_by(lambda r: r[0]).reduce(lambda a, b: a + b, name="counts")
+    worker.ops.append(make_op(stream.node))
+    h._open_stores(worker)
+    try:
+        assert h.stores["counts"].options.budget == 0.2
+    finally:
+        h.close(worker)
