@@ -11,7 +11,9 @@ states, every append at a new seq (a counter of the store, not the worker's step
   pre-commits, the records in the exchange buffers;
 - `OUT`, key d: the residue of the output log to worker d at a snapshot (the frames d's
   durable point did not cover yet), one blob per destination, so that a sender restored
-  from that snapshot can still serve them;
+  from that snapshot can still serve them: `{"zstd": blob, "n": size}`, the msgpack array
+  of [chan_seq, frame] pairs compressed by zstd at level 1 (`pack_residue`; a store written
+  before holds the array itself);
 - `LINEAGE`, key 0: a lineage point (`lineage_point`): the step it was taken at, the lineage
   entries held that no earlier point persisted (this worker's own and the others' it holds),
   the sinks' pre-commits made there, and the worker's frontier there. Points are appended
@@ -26,7 +28,7 @@ import os
 from typing import Any
 
 from lsm import RetentionError
-from nosync.codec import unpack
+from nosync.codec import pack, unpack
 from nosync.state.stores import load_keyed
 
 META = "meta"
@@ -59,11 +61,33 @@ def iter_snapshots(store: Any) -> Any:
         yield {**{k: v for k, v in meta.items() if k != "stash"}, "seq": seq}
 
 
+def _zstd() -> Any:
+    import pyarrow as pa  # lazy: pyarrow costs ~0.3 s to import (the Spark daemon loads it before its forks)
+
+    return pa.Codec("zstd", compression_level=1)
+
+
+def pack_residue(frames: list) -> dict:
+    """The value under `OUT` of the frames [[chan_seq, frame], ...] to one destination:
+    compressed, as frames of keyed records repeat their framing and small values (a residue of
+    keyed_count's shrinks about six times)."""
+    raw = pack(frames)
+    return {"zstd": _zstd().compress(raw, asbytes=True), "n": len(raw)}
+
+
+def unpack_residue(value: Any) -> list:
+    """The [chan_seq, frame] pairs of a value under `OUT` (`pack_residue`'s, or the msgpack
+    array a store written before holds)."""
+    if isinstance(value, dict):
+        value = _zstd().decompress(value["zstd"], decompressed_size=int(value["n"]), asbytes=True)
+    return unpack(value)
+
+
 def logged_frames(store: Any, dest: int, as_of: int) -> dict[int, bytes]:
     """chan_seq -> frame of the output log to worker `dest` that the snapshot at seq `as_of`
     holds (the frames `dest` had not durably consumed when it was taken)."""
-    blob = store.get(OUT, dest, as_of=as_of)
-    return {} if blob is None else {int(seq): frame for seq, frame in unpack(blob)}
+    value = store.get(OUT, dest, as_of=as_of)
+    return {} if value is None else {int(seq): frame for seq, frame in unpack_residue(value)}
 
 
 def store_state(store: Any, i: int, op: Any, as_of: int | None = None) -> None:

@@ -2,10 +2,10 @@
 
 Per destination, the frames in chan_seq order, in memory, until the receiver's durable point
 covers them (`trim`); nothing of it is written in steady state. A snapshot writes the residue
-(`residue`): the frames still uncovered when it is taken, one blob per destination, so that a
-sender restored from that snapshot can still serve a receiver that recovers later. Past
-`max_bytes` in memory, the oldest frames go to a spill file of this process (read back if a
-receiver asks for them again); a restarted process starts a new one, its snapshot's residue
+(`residue`): the frames still uncovered when it is taken, one compressed blob per destination,
+so that a sender restored from that snapshot can still serve a receiver that recovers later.
+Past `max_bytes` in memory, the oldest frames go to a spill file of this process (read back if
+a receiver asks for them again); a restarted process starts a new one, its snapshot's residue
 holding what it needs.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from nosync.codec import pack, unpack
+from nosync.state.layout import pack_residue, unpack_residue
 
 
 class OutputLog:
@@ -70,16 +70,17 @@ class OutputLog:
         self.resent_from_residue += sum(1 for seq, _ in out if seq <= last)
         return [f for _, f in out]
 
-    def residue(self) -> dict[int, bytes]:
-        """Per destination, the blob of the frames it has not durably consumed."""
-        return {d: pack([[seq, self._bytes(f)] for seq, f in q]) for d, q in self.frames.items()}
+    def residue(self) -> dict[int, dict]:
+        """Per destination, the frames it has not durably consumed, as one compressed value
+        (`layout.pack_residue`)."""
+        return {d: pack_residue([[seq, self._bytes(f)] for seq, f in q]) for d, q in self.frames.items()}
 
     def restore(self, blobs: dict) -> None:
         """The output log a snapshot's residue held (frames stay encoded)."""
         self.frames = {}
         self.mem = 0
         for d, blob in blobs.items():
-            q = deque([int(seq), frame] for seq, frame in unpack(blob))
+            q = deque([int(seq), frame] for seq, frame in unpack_residue(blob))
             self.frames[int(d)] = q
             self.mem += sum(len(f) for _, f in q)
             if q:

@@ -127,7 +127,7 @@ class Snapshots:
                 runs[i] = op.take_updates()
         residue = self.outlog.residue()
         runs[OUT] = residue
-        self.residue_bytes += sum(len(b) for b in residue.values())
+        self.residue_bytes += sum(len(b["zstd"]) for b in residue.values())
         meta = {
             "step": self.step,
             "ops": {op.name: op.snapshot_meta() for op in worker.ops},
