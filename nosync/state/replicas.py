@@ -19,7 +19,9 @@ that holder's acknowledgements (the level stops advancing, and the metrics say w
 A worker that restarts without its local store (a lost machine) asks its holders for their
 copies (`fetch`), takes the one that goes furthest, and seeds its store directory from it
 (`lsm.seed`) before it opens the store; its remote tier, if it has one, adds what it holds
-beyond. Every other frame that arrives meanwhile is held back for after the restore.
+beyond. Every other frame that arrives meanwhile is held back for after the restore. A holder
+whose copy ends where the opened store does keeps it and gets the records after it, with no
+base image (`add_store`).
 
 Bodies bigger than a frame travel in parts (`CHUNK` bytes), one blob of msgpack per message.
 """
@@ -109,7 +111,8 @@ class Replicas:
         """(store, seq, body) the persisters logged, for the processing thread to send."""
         self.state = {j: "base" for j in self.holders}
         """Per holder: "base" (needs a base image), "basing" (one is being made), "live", "over"
-        (its budget cannot take a base image: no more acknowledgements)."""
+        (its budget cannot take a base image: no more acknowledgements), "adopted" (its copy,
+        which this worker's store was seeded from, is kept: live once its link is up)."""
         self.sent: dict[int, dict[str, int]] = {j: {} for j in self.holders}
         self.acked: dict[int, dict[str, int]] = {j: {} for j in self.holders}
         self.queued: dict[int, list] = {j: [] for j in self.holders}
@@ -127,12 +130,21 @@ class Replicas:
         """Per worker that asked for its copies: its attempt, until they are sent."""
         # -- a fetch
         self.got: dict[int, dict] | None = None
+        self.fetched: dict[int, dict[str, int]] = {}
+        """Per holder that answered a fetch: the last seq of its copy of each store."""
 
     # -- the sender ---------------------------------------------------------------------
 
     def add_store(self, name: str, store: Any) -> None:
-        """Replicates `store` under `name`."""
+        """Replicates `store` under `name`. After a `fetch`, a holder whose copy ends at the
+        store's last seq keeps it (adopted): it holds what the store holds, so it needs no
+        base image, only the records logged from now on."""
         self.stores[name] = store
+        for j, lasts in self.fetched.items():
+            if lasts.get(name) == store.last_seq >= 0 and self.state.get(j) == "base":
+                self.state[j] = "adopted"
+                self.sent[j][name] = self.acked[j][name] = store.last_seq
+                self.queued[j] = []
 
     def logged(self, name: str, records: list[tuple[int, bytes]]) -> None:
         """The persister of store `name` logged `records` (its thread; thread-safe)."""
@@ -152,6 +164,15 @@ class Replicas:
             new.setdefault(name, []).append((seq, body))
         for j in self.holders:
             st = self.state[j]
+            if st == "adopted":
+                # links come up after a restart: what is logged waits for them (a holder lost
+                # meanwhile answers the first put with need_base)
+                for name, recs in new.items():
+                    self.queued[j].extend((name, seq, body) for seq, body in recs)
+                if up(j):
+                    self.state[j] = "live"
+                    self._put_queued(worker, j, -1)
+                continue
             if not up(j):
                 if st in ("live", "basing"):
                     # a holder whose link went lost its memory with its process: a base again
@@ -211,13 +232,18 @@ class Replicas:
                 self.sent[j][name] = img.seq
             self.state[j] = "live"
             self.rebases += 1
-            later: dict[str, list] = {}
-            for name, seq, body in self.queued[j]:
-                if seq > images[name].seq:
-                    later.setdefault(name, []).append((seq, body))
-            self.queued[j] = []
-            for name, recs in later.items():
-                self._put(worker, j, name, recs)
+            self._put_queued(worker, j, images)
+
+    def _put_queued(self, worker: Worker, j: int, images: dict | int) -> None:
+        """Sends holder `j` what was queued for it, past each store's base image (`images`, or
+        nothing to skip: -1)."""
+        later: dict[str, list] = {}
+        for name, seq, body in self.queued[j]:
+            if seq > (images if isinstance(images, int) else images[name].seq):
+                later.setdefault(name, []).append((seq, body))
+        self.queued[j] = []
+        for name, recs in later.items():
+            self._put(worker, j, name, recs)
 
     def _put(self, worker: Worker, j: int, name: str, recs: list) -> None:
         prev = self.sent[j].get(name, -1)
@@ -348,10 +374,11 @@ class Replicas:
             while len(self.got) < len(self.holders) and time.monotonic() < deadline:
                 pump(0.02)
             best: dict[str, tuple[lsm.Image, list]] = {}
-            for _, copies in sorted(self.got.items()):
+            for j, copies in sorted(self.got.items()):
                 for name, d in copies.items():
                     img, recs = copy_of(d)
                     last = recs[-1][0] if recs else img.seq
+                    self.fetched.setdefault(j, {})[name] = last
                     old = best.get(name)
                     if old is None or last > (old[1][-1][0] if old[1] else old[0].seq):
                         best[name] = (img, recs)

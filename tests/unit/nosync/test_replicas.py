@@ -461,6 +461,44 @@ def test_a_restarting_worker_fetches_the_copy_that_goes_furthest(tmp_path, monke
                 assert s.load(state, as_of=as_of) == model.state(state, as_of)
 
 
+def test_a_holder_whose_copy_seeded_the_store_keeps_it_and_gets_only_what_follows(tmp_path, cluster) -> None:  # noqa: ANN001
+    """After a lost machine, the holder whose copy ends where the seeded store does needs no
+    base image: it goes on from its copy; one whose copy ends elsewhere gets a base."""
+    c = cluster(3, 2)
+    w0 = c.workers[0]
+    model = Model()
+    store = open_store(tmp_path, "w0", w0.replicas)
+    try:
+        append(store, model, [0, 1, 2, 4])
+        c.until(lambda: w0.replicas.durable(STORE) == 4, "durable seq 4")
+        append(store, model, [5, 8])
+        store.flush()
+        # holder 2 goes no further than seq 4; holder 1 gets everything
+        c.until(lambda: w0.replicas.acked[1].get(STORE) == 8, "holder 1's ack of seq 8", only={(0, 1), (1, 0)})
+    finally:
+        store.abandon()
+    w = c.restart(0)
+    best = w.replicas.fetch(w, lambda wait: c.deliver())
+    path = tmp_path / "seeded"
+    assert lsm.seed(str(path), *best[STORE]) == 8
+    bases_before = [h for a, b, h in c.frames_seen if a == 0 and h.get("op") == "base"]
+    store = open_store(path.parent, path.name, w.replicas)
+    try:
+        assert w.replicas.acked[1].get(STORE) == 8, "holder 1's copy, which the store was seeded from, counts"
+        assert w.replicas.durable(STORE) == -1, "holder 2's copy ends at seq 4, not where the store does"
+        append(store, model, [9, 11])
+        store.flush()
+        c.until(lambda: w.replicas.durable(STORE) == 11, "durable seq 11 at both holders")
+        bases = [(b, h) for a, b, h in c.frames_seen if a == 0 and h.get("op") == "base"][len(bases_before) :]
+        assert {b for b, _ in bases} == {2}, "holder 1 kept its copy; only holder 2 needed a base image"
+        for holder in (1, 2):
+            copy = held(c, holder, 0)
+            assert copy_last(copy) == 11
+            check_copy(tmp_path, f"check{holder}", *copy, model, upto=11)
+    finally:
+        store.close()
+
+
 def test_a_fetch_is_answered_only_on_a_connection_to_the_attempt_that_asked(tmp_path, cluster) -> None:  # noqa: ANN001
     c = cluster(2, 1)
     w0 = c.workers[0]
