@@ -36,8 +36,10 @@ REACH = {"vertices": "50000"}
 partition: a run of a few seconds, long enough for two kills)."""
 
 
-@pytest.mark.parametrize("mode", soak.MODES)
+@pytest.mark.parametrize("mode", [m for m in soak.MODES if m != "replay"])
 def test_chaos_on_the_iterative_workload(tmp_path, mode):
+    # replay's case (its recovery re-runs the loop from the sources: a minute here) is left to
+    # `test_chaos_on_the_iterative_workload_soak`, to keep the suite under 20 minutes
     judge_chaos(tmp_path, "reachability", mode, 2, 2, 1, REACH, loop_options(mode))
     got = committed_vertices(str(tmp_path / "chaos" / "chaos" / "output"))
     assert set(got) == reachability.reference(REACH) and set(got.values()) == {1}
