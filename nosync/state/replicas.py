@@ -171,7 +171,7 @@ class Replicas:
                     self.queued[j].extend((name, seq, body) for seq, body in recs)
                 if up(j):
                     self.state[j] = "live"
-                    self._put_queued(worker, j, -1)
+                    self._put_queued(worker, j)
                 continue
             if not up(j):
                 if st in ("live", "basing"):
@@ -232,15 +232,13 @@ class Replicas:
                 self.sent[j][name] = img.seq
             self.state[j] = "live"
             self.rebases += 1
-            self._put_queued(worker, j, images)
+            self._put_queued(worker, j)
 
-    def _put_queued(self, worker: Worker, j: int, images: dict | int) -> None:
-        """Sends holder `j` what was queued for it, past each store's base image (`images`, or
-        nothing to skip: -1)."""
+    def _put_queued(self, worker: Worker, j: int) -> None:
+        """Sends holder `j` what was queued for it (`_put` skips what its copy holds)."""
         later: dict[str, list] = {}
         for name, seq, body in self.queued[j]:
-            if seq > (images if isinstance(images, int) else images[name].seq):
-                later.setdefault(name, []).append((seq, body))
+            later.setdefault(name, []).append((seq, body))
         self.queued[j] = []
         for name, recs in later.items():
             self._put(worker, j, name, recs)
