@@ -54,6 +54,7 @@ from nosync.state import checkpoints
 from nosync.tools.diff import diff_outputs
 from nosync.tools.rewind import check_compatible, choose_start, rewind
 from nosync.tools.runinfo import inspect_run
+from nosync.tools.starts import find_snapshot_cut
 
 RECORDS, KEYS, PER_EPOCH, E = 200_000, 2_000, 5_000, 10
 ABS_RECORDS = 1_000_000
@@ -342,25 +343,34 @@ def test_rewind_of_a_nosync_run_starts_from_a_cut_of_its_snapshots(spark, tmp_pa
     stale = out / "_staging" / "part-0000000000-w0000-c0000000001-009.parquet"
     shutil.copy2(out / part, stale)
     before = listing(run_dir)
-    # an epoch whose cut has frames in flight (their path is the one to test), among three
-    for epoch in (50, 40, 30):
-        same = tmp_path / f"same-{epoch}"
-        r = rewind(str(run_dir), "aggregate_1", epoch, output=str(same), spark=spark)
-        assert r["start"] == "snapshots" and "the workers' own snapshots at steps" in r["restored"], r
-        read = check_cut(metas, r["snapshots"], epoch)
-        in_flight = sum(
-            metas[a][r["snapshots"][a]]["produced"].get(b, 0) - metas[b][r["snapshots"][b]]["consumed"].get(a, 0)
+    # an epoch whose cut has frames in flight, which is the path to test: where snapshots fell
+    # in the run decides which epochs have one, so the cuts of all epochs are looked at
+    epoch, in_flight = None, 0
+    copy = tmp_path / "cuts"  # opening a store rewrites its files: cuts are looked for in a copy
+    shutil.copytree(run_dir / "state", copy, ignore=shutil.ignore_patterns("LOCK"))
+    for e in range(60, 9, -1):
+        found = find_snapshot_cut(str(copy), 2, e, PER_EPOCH)
+        if "steps" not in found:
+            continue
+        steps = found["steps"]
+        n = sum(
+            metas[a][steps[a]]["produced"].get(b, 0) - metas[b][steps[b]]["consumed"].get(a, 0)
             for a, b in ((0, 1), (1, 0))
         )
-        assert r["records_read"] == ABS_RECORDS - read < ABS_RECORDS
-        assert r["records_committed"] == ABS_RECORDS
-        assert committed_pairs(str(same)) == committed_pairs(str(out)), (epoch, r["snapshots"], in_flight)
-        assert not os.path.exists(same / "_rewind" / "state"), "the copies of the stores stayed"
-        if in_flight:
-            assert r["frames_in_flight"] == in_flight, r  # data and marker frames: a nosync run sends no events
+        if n:
+            epoch, in_flight = e, n
             break
-    else:
-        pytest.fail("no cut at epochs 50, 40 or 30 had a frame in flight: the path under test did not run")
+    shutil.rmtree(copy)
+    assert epoch is not None, "no cut of epochs 10 to 60 had a frame in flight: the path under test cannot run"
+    same = tmp_path / "same"
+    r = rewind(str(run_dir), "aggregate_1", epoch, output=str(same), spark=spark)
+    assert r["start"] == "snapshots" and "the workers' own snapshots at steps" in r["restored"], r
+    read = check_cut(metas, r["snapshots"], epoch)
+    assert r["records_read"] == ABS_RECORDS - read < ABS_RECORDS
+    assert r["records_committed"] == ABS_RECORDS
+    assert committed_pairs(str(same)) == committed_pairs(str(out)), (epoch, r["snapshots"], in_flight)
+    assert not os.path.exists(same / "_rewind" / "state"), "the copies of the stores stayed"
+    assert r["frames_in_flight"] == in_flight, r  # data and marker frames: a nosync run sends no events
     later = epoch + epoch // 2
     r = rewind(
         str(run_dir),
