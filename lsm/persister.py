@@ -6,7 +6,9 @@ One step at a time, each under the store's tier lock, in this order of priority:
    sorted, its keys packed) and written to the local log, one write + fsync for all of them;
    `durable("disk")` advances;
 2. index: put the logged batches' runs into LevelDB, one write batch, then drop them from
-   memory (this is what frees the memory bound);
+   memory (this is what frees the memory bound). Small batches wait (`index_delay_s`) to be
+   indexed together: a store appended to every few milliseconds would otherwise write
+   LevelDB, take a LevelDB snapshot and wake the compactor as often;
 3. upload: seal the current log segment when it is full, old, or a flush asks, and upload the
    sealed records the remote tier lacks; `durable("remote")` advances (only with uploads);
 4. merge: hand merges to the compactor's thread when a state's runs call for one.
@@ -51,6 +53,10 @@ class Persister(threading.Thread):
         self._seal_target = -1
         self.steps = 0
         """Steps begun: a wait fails only on an error of a step begun after it (`Store`)."""
+        self._index_wanted = 0
+        """Callers waiting for every batch to be indexed (`drain_index`)."""
+        self._logged_since: float | None = None
+        """When the oldest logged batch not yet indexed was logged."""
         self._encoded: dict[int, dict[bytes, bytes]] = {}
         """seq -> its runs' bytes, from encoding until indexing."""
         self.compactor = Compactor(store)
@@ -66,7 +72,7 @@ class Persister(threading.Thread):
                 while not self._stopping:
                     if self._due_locked():
                         break
-                    s._cond.wait(self._tick())
+                    s._cond.wait(self._wait_s())
                 if self._stopping:
                     return
             level = "disk"
@@ -89,9 +95,28 @@ class Persister(threading.Thread):
     def _tick(self) -> float:
         return max(0.005, self.s.options.seal_interval_s / 2)
 
+    def _wait_s(self) -> float:
+        """How long the loop may sleep: until the next periodic check, or until logged batches
+        are due to be indexed."""
+        tick = self._tick()
+        if self.s._batches and self._logged_since is not None:
+            left = self._logged_since + self.s.options.index_delay_s - time.monotonic()
+            return max(0.001, min(tick, left))
+        return tick
+
+    def _index_due_locked(self) -> bool:
+        """Whether the logged batches in memory are to be indexed now."""
+        s = self.s
+        if not s._batches:
+            return False
+        if self._index_wanted or s._closed or s._mem_bytes >= min(s.options.index_bytes, s.options.memory_bytes):
+            return True
+        since = self._logged_since
+        return since is None or time.monotonic() - since >= s.options.index_delay_s
+
     def _due_locked(self) -> bool:
         s = self.s
-        if s._batches:
+        if s._batches and (s._batches[-1].seq > s._logged or self._index_due_locked()):
             return True
         if self._upload_due():
             return True
@@ -147,11 +172,12 @@ class Persister(threading.Thread):
         with s._cond:
             batches = list(s._batches)
             logged = s._logged
+            index = self._index_due_locked()
         unlogged = [b for b in batches if b.seq > logged]
         if unlogged:
             self._log_batches(unlogged)
             return "disk"
-        if batches:
+        if batches and index:
             self._index(batches)
             return "disk"
         if self._upload_due():
@@ -182,6 +208,8 @@ class Persister(threading.Thread):
         with s._cond:
             s._logged = max(s._logged, batches[-1].seq)
             s._durable_disk = max(s._durable_disk, s._logged)
+            if self._logged_since is None:
+                self._logged_since = time.monotonic()
             s.stats.logged_bytes += sum(len(p) for _, p in records)
             s._cond.notify_all()
 
@@ -202,6 +230,7 @@ class Persister(threading.Thread):
             done = {id(b) for b in batches}
             s._batches = [b for b in s._batches if id(b) not in done]
             s._mem_bytes = sum(b.nbytes for b in s._batches)
+            self._logged_since = time.monotonic() if s._batches and s._batches[0].seq <= s._logged else None
             s._publish_locked()
             s.stats.indexed_runs += len(refs)
             s._cond.notify_all()
@@ -264,11 +293,15 @@ class Persister(threading.Thread):
         """Waits until every appended batch is indexed on the disk tier."""
         s = self.s
         with s._cond:
-            while s._batches:
-                if s._error is not None:
-                    raise s._error
-                s._cond.notify_all()
-                s._cond.wait(0.05)
+            self._index_wanted += 1
+            try:
+                while s._batches:
+                    if s._fails_level("disk"):  # a remote outage does not stop indexing
+                        raise s._error
+                    s._cond.notify_all()
+                    s._cond.wait(0.05)
+            finally:
+                self._index_wanted -= 1
 
     def forget_encoded(self, above: int) -> None:
         """Drops the encodings of batches above `above` (a rollback dropped them)."""

@@ -91,6 +91,12 @@ class StoreOptions:
     compactor rests c * (1/budget - 1) seconds. 0 or less: no merges on their own."""
     uploads: bool = False
     """Whether runs go to the remote tier at all (only a store whose tier is remote)."""
+    index_delay_s: float = 0.5
+    """A logged batch waits up to this long to be indexed in LevelDB, so that the small
+    batches logged meanwhile are indexed in one write; batches in memory of `index_bytes` or
+    more together, and a caller waiting for indexing, do not wait."""
+    index_bytes: int = 1 << 20
+    """See `index_delay_s`."""
     on_logged: Any = None
     """Called by the persister, on its thread, with [(seq, record body)] of the records it just
     wrote to the local log, in seq order (the bytes a replica of the log holds: `seed`

@@ -204,6 +204,7 @@ def test_a_rollback_while_indexing_fails_still_logs_its_target(tmp_path, monkeyp
     with lsm.Store(path, **OPTIONS, uploads=True) as s:
         s.append(0, {"s": {"a": 0}})
         assert s.flush("remote", timeout=10) == 0
+        s._persister.drain_index()
         failing.set()
         s.append(1, {"s": {"a": 1}})
         s.append(3, {"s": {"a": 3}})

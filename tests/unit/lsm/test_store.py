@@ -694,6 +694,35 @@ def test_runs_are_what_a_load_applies(open_store: OpenStore) -> None:
     assert s.states() == ["o", "s", ("o", 1)]
 
 
+def test_small_batches_logged_wait_to_be_indexed_in_one_write(open_store: OpenStore) -> None:
+    """Batches under `index_bytes` are durable once logged, readable from memory, and indexed
+    together once `index_delay_s` has passed or a caller waits for it: one LevelDB write."""
+    s = open_store(index_delay_s=3600)
+    writes = []
+    real_write = s._disk.write
+
+    def write(*args: object, **kwargs: object) -> object:
+        writes.append(args[0])
+        return real_write(*args, **kwargs)
+
+    s._disk.write = write
+    for seq in range(10):
+        s.append(seq, {"s": {"k": seq, f"k{seq}": seq}})
+    assert s.flush("disk", timeout=TIMEOUT_S) == 9
+    assert s.indexed == -1 and writes == [], "small batches were indexed before their delay"
+    assert s.get("s", "k") == 9 and s.get("s", "k", as_of=3) == 3 and len(s.load("s")) == 11
+    s._persister.drain_index()
+    assert s.indexed == 9 and len(writes) == 1
+    assert s.get("s", "k") == 9 and s.get("s", "k", as_of=3) == 3 and len(s.load("s")) == 11
+
+
+def test_a_batch_of_index_bytes_is_indexed_without_waiting(open_store: OpenStore) -> None:
+    s = open_store(index_delay_s=3600, index_bytes=64 << 10)
+    s.append(0, {"s": {"k": 0}})
+    s.append(1, {"s": {f"k{i}": i for i in range(20_000)}})  # ~200 KB of runs
+    wait_until(s, lambda: s.indexed == 1, "the big batch (and the small one before it) indexed")
+
+
 def test_stats_count_runs_updates_and_merges(open_store: OpenStore) -> None:
     s = open_store(merge_fanout=2, budget=0)
     append_all(s, HISTORY)
