@@ -697,7 +697,7 @@ def test_runs_are_what_a_load_applies(open_store: OpenStore) -> None:
 def test_small_batches_logged_wait_to_be_indexed_in_one_write(open_store: OpenStore) -> None:
     """Batches under `index_bytes` are durable once logged, readable from memory, and indexed
     together once `index_delay_s` has passed or a caller waits for it: one LevelDB write."""
-    s = open_store(index_delay_s=3600)
+    s = open_store(index_delay_s=3600, budget=0)  # no merge writes LevelDB meanwhile
     writes = []
     real_write = s._disk.write
 
