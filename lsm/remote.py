@@ -208,11 +208,14 @@ class RemoteTier:
 
         A segment that also holds batches at or below `seq` is first rewritten without the
         others (covering [its start, its last kept batch]): the local log may no longer have
-        them. The tier then claims no seq it holds no batch for.
+        them. A base image above `seq` goes too (it holds the state after it, and a restore
+        from the tier would start from it): the tier then holds up to the newest base and
+        segments left, and the persister uploads a new base image where the local log cannot
+        fill the gap. The tier then claims no seq it holds no batch for.
         """
-        gone = [f for f in self.files if not f.base and f.last > seq]
+        gone = [f for f in self.files if f.last > seq]
         for f in gone:
-            if f.first <= seq:
+            if not f.base and f.first <= seq:
                 kept = [r for r in self.read_log(f) if r.seq <= seq]
                 if kept:
                     self.upload(f.first, kept)

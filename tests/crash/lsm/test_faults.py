@@ -186,6 +186,28 @@ def test_a_rollback_below_what_is_indexed_is_logged_before_it_returns(tmp_path, 
         assert s.last_seq == 2 and s.load("s") == {"a": 1}
 
 
+def test_a_rollback_below_a_remote_base_image_is_what_the_remote_tier_restores(tmp_path) -> None:
+    """The persister writes a base image at the last indexed seq when the remote tier has a gap
+    the local log cannot fill (keeping the versions down to the retention horizon); a rollback
+    below it must take it out of the remote tier, or a restore from that tier alone (disk and
+    log lost) would start from the state the rollback undid."""
+    path = str(tmp_path / "store")
+    with lsm.Store(path, **{**OPTIONS, "retention": 5}, uploads=True) as s:
+        for seq in range(8):
+            s.append(seq, {"s": {f"k{seq}": seq, "a": seq}})
+        assert s.flush("remote", timeout=10) == 7
+        s._persister.drain_index()
+        with s._tier_lock:  # as the persister's upload step does for a gap
+            s._persister.compactor.write_base(7, 2)
+        assert s.remote.base is not None and s.remote.base.last == 7
+        s.rollback(2)
+        assert s.flush("remote", timeout=10) == 2
+    shutil.rmtree(os.path.join(path, "disk"))
+    shutil.rmtree(os.path.join(path, "log"))
+    with lsm.Store(path, **OPTIONS, uploads=True) as s:
+        assert s.last_seq == 2 and s.load("s") == {"k0": 0, "k1": 1, "k2": 2, "a": 2}
+
+
 def test_a_rollback_while_indexing_fails_still_logs_its_target(tmp_path, monkeypatch) -> None:
     """Batches logged but not indexed (LevelDB's writes fail: its files are not written through
     lsm.files, so the disk tier's write is what fails here), then rollback(to_seq) to a seq no
