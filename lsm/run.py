@@ -22,6 +22,7 @@ import struct
 from operator import eq, itemgetter
 from typing import Any
 
+import msgpack
 import numpy as np
 import xxhash
 
@@ -92,18 +93,35 @@ def _assemble(
     return HEADER.pack(*fields) + body
 
 
+def _is_map(chunk: bytes) -> bool:
+    """Whether a msgpack chunk of pairs is a map (else an array of [key, value] pairs)."""
+    first = chunk[0]
+    return 0x80 <= first <= 0x8F or first in (0xDE, 0xDF)
+
+
 def join_pairs(chunks: list[tuple[int, bytes]]) -> tuple[int, bytes]:
-    """One msgpack array of the pairs in `chunks`: (n, msgpack array of n [key, value] pairs)
-    each, in order. Each chunk's array header is cut and one header for all of them written,
-    so the pairs are copied once and never decoded."""
+    """One msgpack map or array of the pairs in `chunks`, in order: (n, msgpack map of n
+    entries, a later entry of a key the newer) or (n, msgpack array of n [key, value] pairs)
+    each. Chunks of one kind have their headers cut and one header for all of them written, so
+    the pairs are copied once and never decoded; chunks of both kinds are decoded and packed
+    again as one map."""
     total = sum(n for n, _ in chunks)
+    kinds = {_is_map(b) for n, b in chunks if n}
+    if len(kinds) > 1:
+        items = []
+        for n, b in chunks:
+            if n:
+                got = unpack_keys(b)
+                items.extend(got.items() if isinstance(got, dict) else got)
+        return len(items), msgpack.Packer(use_bin_type=True).pack_map_pairs(items)
+    maps = kinds == {True}
     if total <= 15:
-        head = bytes([0x90 | total])
+        head = bytes([(0x80 if maps else 0x90) | total])
     elif total <= 0xFFFF:
-        head = b"\xdc" + total.to_bytes(2, "big")
+        head = (b"\xde" if maps else b"\xdc") + total.to_bytes(2, "big")
     else:
-        head = b"\xdd" + total.to_bytes(4, "big")
-    return total, head + b"".join(b[1 if n <= 15 else 3 if n <= 0xFFFF else 5 :] for n, b in chunks)
+        head = (b"\xdf" if maps else b"\xdd") + total.to_bytes(4, "big")
+    return total, head + b"".join(b[1 if n <= 15 else 3 if n <= 0xFFFF else 5 :] for n, b in chunks if n)
 
 
 class PendingRun:
@@ -171,8 +189,8 @@ class PendingRun:
         """The value column, decoded anew: the caller owns what it gets."""
         return unpack_values(self.values_b)
 
-    def pairs(self) -> tuple:
-        """The pairs, decoded anew."""
+    def pairs(self) -> dict | tuple:
+        """The pairs, decoded anew: a dict of each key's last (a map), or the pairs in order."""
         return unpack_keys(self.pairs_b) if self.npairs else ()
 
     def lookup(self, key: Any, h: int, as_of: int) -> Any:
@@ -350,8 +368,8 @@ class RunView:
             return (), [], np.zeros(0, _U64), np.zeros(0, _U64)
         return self._history_keys(), unpack_values(self._raw("h_values")), self._u64("h_seqs"), self._u64("h_hashes")
 
-    def pairs(self) -> tuple:
-        """The pairs, decoded anew."""
+    def pairs(self) -> dict | tuple:
+        """The pairs, decoded anew: a dict of each key's last (a map), or the pairs in order."""
         return unpack_keys(self._raw("pairs")) if self.npairs else ()
 
     def _history_keys(self) -> tuple:

@@ -180,9 +180,10 @@ class Snapshot:
 class Updates(NamedTuple):
     """A state's updates for `append`, as its writer holds them.
 
-    - `pairs`: updates logged as they were made, as msgpack chunks: (n, a msgpack array of n
-      [key, value] pairs) each, oldest first; each value None, a bool, an int, a float, str or
-      bytes (a container, whose type must come back, goes in the columns);
+    - `pairs`: updates logged as they were made, as msgpack chunks, oldest first: (n, a msgpack
+      map of n entries in the order they were made, a later entry of a key the newer) each, or
+      (n, a msgpack array of n [key, value] pairs); each value None, a bool, an int, a float,
+      str or bytes (a container, whose type must come back, goes in the columns);
     - `keys`, `values`: columns, applied after the pairs (TOMBSTONE deletes);
     - `checked`: every key is known to be a store key already (`keys.check_key_column`), and
       is not checked again. REQUIRES: true of the pairs' keys too, whatever `checked` says.

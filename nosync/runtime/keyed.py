@@ -40,7 +40,8 @@ class KeyedOp(Op):
         self.dirty: set = set()
         self.pairs: list = []
         """Updates logged as they were made (operators whose output is each key's new state),
-        packed: (n, msgpack array of n [key, value] pairs) per batch."""
+        packed: (n, msgpack map of the n (key, value) pairs in their order, a later pair of a
+        key the newer) per batch."""
 
     def note_changes(self, records: list, out: list | None) -> None:
         """Notes the keys of `records` as changed."""
@@ -168,7 +169,8 @@ class _LogsOutput(KeyedOp):
         self._noted += len(out)
         if not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN:
             try:
-                self.pairs.append((len(out), _PAIRS.pack(out)))
+                # a map, not an array of pairs: half the packing, and decoded straight into a dict
+                self.pairs.append((len(out), _PAIRS.pack_map_pairs(out)))
                 return
             except (OverflowError, ValueError, TypeError):
                 _PAIRS.reset()

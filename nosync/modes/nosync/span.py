@@ -229,7 +229,10 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
         for i, op in enumerate(w.ops):
             if isinstance(op, KeyedOp):
                 u = op.take_updates()
-                changed = set(u.keys) | {k for _, chunk in u.pairs for k, _ in codec.unpack(chunk)}
+                changed = set(u.keys)
+                for _, chunk in u.pairs:
+                    logged = codec.unpack(chunk)  # a map (an array of pairs from older writers)
+                    changed.update(logged if isinstance(logged, dict) else (k for k, _ in logged))
                 keyed[i] = [
                     (k, codec.pack_state(op.state[k]), False) if k in op.state else (k, None, True) for k in changed
                 ]

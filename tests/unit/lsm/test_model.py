@@ -357,7 +357,16 @@ class StoreChecks(RuleBasedStateMachine):
             if chunks is not None:
                 # checked: the caller promises store keys (REQUIRES), so no key goes as a list
                 checked = as_pair
-                packed = [(len(c), PAIRS_PACKER.pack([[as_passed(k, lst), v] for k, v, lst in c])) for c in chunks]
+                # a chunk as a map (keyed operators) or an array of pairs (older writers)
+                packed = [
+                    (
+                        len(c),
+                        PAIRS_PACKER.pack_map_pairs([(as_passed(k, lst), v) for k, v, lst in c])
+                        if len(c) % 2
+                        else PAIRS_PACKER.pack([[as_passed(k, lst), v] for k, v, lst in c]),
+                    )
+                    for c in chunks
+                ]
                 keys = [k if checked else as_passed(k, lst) for k, _, lst in cols]
                 passed[state] = lsm.Updates(keys, [v for _, v, _ in cols], packed, checked)
                 model_runs[state] = [(k, v) for c in chunks for k, v, _ in c] + [(k, v) for k, v, _ in cols]

@@ -423,9 +423,14 @@ def test_apply_and_lookup_of_pairs_and_columns_equal_a_dict_model(
 
 
 def updates(chunks: list[list[tuple[object, object]]], columns: list[tuple[object, object]]) -> Updates:
-    """`Updates` as a writer hands them over: each chunk of pairs packed by one msgpack call."""
+    """`Updates` as a writer hands them over: each chunk of pairs packed by one msgpack call, as
+    a map (as keyed operators pack them) or as an array of pairs (as older writers did), by
+    turns, so that STORE_HISTORY's appends hold maps only, arrays only, and both."""
     packer = msgpack.Packer(use_bin_type=True)
-    packed = [(len(c), packer.pack([[k, v] for k, v in c])) for c in chunks]
+    packed = [
+        (len(c), packer.pack_map_pairs(c) if (len(c) + i) % 2 == 0 else packer.pack([[k, v] for k, v in c]))
+        for i, c in enumerate(chunks)
+    ]
     return Updates([k for k, _ in columns], [v for _, v in columns], packed, checked=False)
 
 

@@ -133,9 +133,9 @@ def B(n: int) -> dict:
 
 def run_bytes(pairs: list) -> int:
     """The size of the run of one append of an aggregate's updates, as lsm/FORMAT.md defines
-    it: a 108-byte header, the pairs it logged as one msgpack array, and empty key and value
+    it: a 108-byte header, the pairs it logged as one msgpack map, and empty key and value
     columns (one msgpack array each): nothing hashed."""
-    return 108 + len(msgpack.packb(pairs, use_bin_type=True)) + 2 * len(msgpack.packb([]))
+    return 108 + len(msgpack.Packer(use_bin_type=True).pack_map_pairs(pairs)) + 2 * len(msgpack.packb([]))
 
 
 # -- one checkpoint --------------------------------------------------------------------------
