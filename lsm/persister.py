@@ -109,7 +109,7 @@ class Persister(threading.Thread):
         s = self.s
         if not s._batches:
             return False
-        if self._index_wanted or s._closed or s._mem_bytes >= min(s.options.index_bytes, s.options.memory_bytes):
+        if self._index_wanted or s._mem_bytes >= min(s.options.index_bytes, s.options.memory_bytes):
             return True
         since = self._logged_since
         return since is None or time.monotonic() - since >= s.options.index_delay_s
