@@ -39,7 +39,8 @@ the run has got (a restored worker counts again from its restored position: the 
 its maximum does not). The reference runs read R records (their summaries); kill k of K comes
 at a number of records read drawn from `random.Random(seed)` inside the k-th of K equal
 slices of [10%, 80%] of R (`kill_targets`), once the run is running with something to recover
-from (its first completed checkpoint, safe point or committed epoch) and the previous kill's
+from (its first completed checkpoint, safe point or committed epoch; under mode nosync, whose
+workers snapshot alone, a durable snapshot of each victim's own) and the previous kill's
 recovery completed (a `running` after a `regroup`, or the victim's `recovered`); a target
 passed by then is a kill at once. The victim is drawn from the same rng; its pid comes from
 the coordinator's events (the newest registration of that worker). The second reference run's
@@ -190,6 +191,8 @@ class Progress(Events):
         self.read = 0
         self.running = False
         self.armed = False
+        self.snapshotted: set[int] = set()
+        """Workers with a durable snapshot of their own (`snapshot` events: mode nosync)."""
         self.over = False
         """Whether the run finished or failed."""
 
@@ -203,6 +206,8 @@ class Progress(Events):
                 self.running = True
             elif kind in PROGRESS_EVENTS:
                 self.armed = True
+            elif kind == "snapshot":
+                self.snapshotted.add(int(e["worker"]))
             elif kind in ("finished", "failed"):
                 self.over = True
         return new
@@ -297,10 +302,10 @@ def run_chaos(
 
     `targets` (`kill_targets`): kill k comes once the run has read `targets[k]` records (the
     most a `progress` event showed), the run is running and has something to recover from
-    (its first checkpoint, safe point or committed epoch), and the previous kill's recovery
-    completed; a target passed by then is a kill at once. A run that ends first leaves the
-    kills after it unmade: fewer are returned than asked for. The victims and the pauses'
-    lengths are drawn from `rng`."""
+    (its first checkpoint, safe point or committed epoch; under nosync, each victim's own
+    durable snapshot), and the previous kill's recovery completed; a target passed by then is
+    a kill at once. A run that ends first leaves the kills after it unmade: fewer are returned
+    than asked for. The victims and the pauses' lengths are drawn from `rng`."""
     proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
     events = Progress(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
@@ -318,7 +323,8 @@ def run_chaos(
             while kill is None and not ended():
                 events.poll()
                 pids = [events.pid_of(v) for v in victims]
-                if not (events.running and events.armed and events.read >= target and None not in pids):
+                restorable = mode != "nosync" or events.snapshotted.issuperset(victims)
+                if not (events.running and events.armed and restorable and events.read >= target and None not in pids):
                     time.sleep(0.01)
                     continue
                 seen, read = len(events.seen), events.read

@@ -31,7 +31,7 @@ from experiments.workloads import reachability
 KEYED_COUNT = os.path.join(WORKLOADS, "keyed_count.py")
 SMALL = {"records": "1000000", "keys": "20000"}
 """keyed_count small enough for three runs in under a minute, long enough for a kill at W = 3
-(the first comes after the first safe point, 300k to 400k records in)."""
+(the first comes after the first safe point and the victim's first durable snapshot)."""
 CLASS_PARAMS = {"reachability": {"vertices": "60000", "seed": "3"}, "keyed_count": SMALL, "nexmark": {"bids": "800000"}}
 """Sizes for one kill at W = 3 (the process grid's are for three); the loops' soak graph."""
 
