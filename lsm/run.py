@@ -198,12 +198,17 @@ class PendingRun:
         unused: the run is searched as a dict built once)."""
         if as_of < self.seq:
             return MISSING
+        v = self.latest().get(key, MISSING)
+        return v if v is MISSING else own(v)
+
+    def latest(self) -> dict:
+        """Each key's version in the run (a deletion as TOMBSTONE), as a dict built once. The
+        values are the run's: a caller hands out `own` copies of them."""
         if self._latest is None:
             latest: dict = {}
             self.apply(latest, keep_deletions=True)
             self._latest = latest
-        v = self._latest.get(key, MISSING)
-        return v if v is MISSING else own(v)
+        return self._latest
 
     def apply(self, d: dict, as_of: int | None = None, keep_deletions: bool = False) -> None:
         """Makes `d` the state after this run (REQUIRES: `as_of` None or at least its seq); with
@@ -377,17 +382,22 @@ class RunView:
             self._hkeys = unpack_keys(self._raw("h_keys"))
         return self._hkeys
 
+    def latest(self) -> dict:
+        """An append's run (not hashed): each key's version in it (a deletion as TOMBSTONE),
+        as a dict built once. The values are the run's: a caller hands out `own` copies."""
+        if self._latest is None:
+            latest: dict = {}
+            self.apply(latest, keep_deletions=True)
+            self._latest = latest
+        return self._latest
+
     def lookup(self, key: Any, h: int, as_of: int) -> Any:
         """The value of `key` as of `as_of` in this run: a value, TOMBSTONE, or MISSING."""
         if as_of < self.lo:
             return MISSING
         if not self.flags & HASHED:
             # an append's run (one seq): its latest versions, as a dict built once
-            if self._latest is None:
-                latest: dict = {}
-                self.apply(latest, keep_deletions=True)
-                self._latest = latest
-            v = self._latest.get(key, MISSING)
+            v = self.latest().get(key, MISSING)
             return v if v is MISSING else own(v)
         if h < self.hmin or h > self.hmax:
             return MISSING
@@ -582,10 +592,10 @@ def _is_tombstone(v: Any) -> bool:
     return v is TOMBSTONE
 
 
-_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None)})
+IMMUTABLE_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
 
 
 def own(v: Any) -> Any:
     """A value a caller may change: a container from a run's decoded column is copied (with the
     codec, which keeps its types), so that what the caller does to it reaches no later read."""
-    return v if type(v) in _IMMUTABLE or v is TOMBSTONE else unpack_values(pack_values(v))
+    return v if type(v) in IMMUTABLE_TYPES or v is TOMBSTONE else unpack_values(pack_values(v))

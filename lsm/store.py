@@ -56,7 +56,7 @@ from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.persister import Persister, encoded_runs
 from lsm.records import Record
 from lsm.remote import RemoteTier
-from lsm.run import MISSING, PendingRun, RunView, join_pairs, truncate
+from lsm.run import IMMUTABLE_TYPES, MISSING, PendingRun, RunView, join_pairs, own, truncate
 from lsm.seed import Image
 
 LEVELS = ("memory", "disk", "remote")
@@ -499,50 +499,78 @@ class Store:
         object is the caller's: changing it changes nothing in the store.
         """
         view = self._view  # before the horizon check: a merge past as_of publishes after moving it
-        at = self._check_as_of(as_of)
-        if type(key) not in KEY_TYPES:
+        if type(as_of) is int and not self._closed and as_of >= self._disk.horizon:
+            at = as_of  # the common case, checked inline
+        else:
+            at = self._check_as_of(as_of)
+        if type(key) is not str and type(key) not in KEY_TYPES:
             # refuses what append refuses, and turns lists, at any depth, into tuples
-            key = decode_key(encode_key(key))[0]
+            try:
+                key = decode_key(encode_key(key))[0]
+            except (TypeError, ValueError, OverflowError) as e:
+                raise KeyEncodingError(f"key {key!r:.60} of {self.path}: {e}") from None
         h = None  # only a merged run is searched by hash; an append's run is a dict
+        if at >= 0:
+            cache = self._newest_cache
+            runs = cache[1].get(state) if cache[0] is view and type(state) is str else None
+            if runs is None:
+                runs = self._newest_first(state, view)
+            for lo, run in runs:
+                if lo > at:
+                    continue
+                if type(run) is not dict:
+                    ref = run
+                    if type(run) is RunRef:
+                        run = self._views.get((run.state, run.lo, run.hi)) or self._run_view(run, view[2])
+                    if run.hashed:
+                        if h is None:
+                            h = self._key_hash(key)
+                        v = run.lookup(key, h, at)
+                        if v is MISSING:
+                            continue
+                        return default if v is TOMBSTONE else own(v)
+                    # an append's run (one seq): its latest versions as a dict, kept in place
+                    # of the run in this view's list, so that the next look-up finds it at once
+                    run = run.latest()
+                    runs[[r for _, r in runs].index(ref)] = (lo, run)
+                v = run.get(key, MISSING)
+                if v is not MISSING:
+                    if v is TOMBSTONE:
+                        return default
+                    return v if type(v) in IMMUTABLE_TYPES else own(v)
+        # a key the store has not: one append would have refused is refused here
+        if h is None:
+            self._key_hash(key)
+        return default
+
+    def _key_hash(self, key: Any) -> int:
         try:
-            if type(key) is not str:
-                h = key_hash(key)
-            elif not key.isascii():
+            if type(key) is str and not key.isascii():
                 key.encode()  # a lone surrogate: append refused it
+            return key_hash(key)
         except (TypeError, ValueError, OverflowError) as e:
             raise KeyEncodingError(f"key {key!r:.60} of {self.path}: {e}") from None
-        if at < 0:
-            return default
+
+    def _newest_first(self, state: Any, view: tuple) -> list:
+        """(lo, run) of one state's runs in `view`, newest first: a run appended, or the
+        RunRef of one on the disk tier (an append's run becomes its dict of latest versions
+        once read, `get`). Kept until the view changes (`get`, many times a view); keyed by
+        the state's name when it is a str."""
         sb = self._state_keys.get(state) if type(state) is str else None
         if sb is None:
             sb = encode_key(state)
             if type(state) is str and len(self._state_keys) < 1024:
                 self._state_keys[state] = sb
-        views = self._views
-        for lo, run in self._newest_first(sb, view):
-            if lo > at:
-                continue
-            if type(run) is RunRef:
-                run = views.get((run.state, run.lo, run.hi)) or self._run_view(run, view[2])
-            if h is None and run.hashed:
-                h = key_hash(key)
-            v = run.lookup(key, h, at)
-            if v is not MISSING:
-                return default if v is TOMBSTONE else v
-        return default
-
-    def _newest_first(self, sb: bytes, view: tuple) -> list:
-        """(lo, run) of one state's runs in `view`, newest first: a run appended, or the
-        RunRef of one on the disk tier. Kept until the view changes (`get`, many times a view)."""
         cache = self._newest_cache
         if cache[0] is not view:
             cache = self._newest_cache = (view, {})
-        got = cache[1].get(sb)
+        name = state if type(state) is str else sb
+        got = cache[1].get(name)
         if got is None:
             batches, catalog, _, _ = view
             got = [(b.seq, b.runs[sb]) for b in reversed(batches) if sb in b.runs]
             got += [(ref.lo, ref) for ref in reversed(catalog.get(sb, ()))]
-            cache[1][sb] = got
+            cache[1][name] = got
         return got
 
     def load(self, state: Any, as_of: int | None = None) -> dict:
