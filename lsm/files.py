@@ -45,6 +45,36 @@ def writev(fd: int, parts: list[bytes]) -> None:
             break
 
 
+_RWF_DSYNC = getattr(os, "RWF_DSYNC", None) if hasattr(os, "pwritev") else None
+"""pwritev's flag for a write that returns once its data is durable (Linux), or None."""
+
+
+def write_durable(fd: int, parts: list[bytes], offset: int) -> None:
+    """Writes `parts` laid end to end at `offset` and makes them durable (as fdatasync does), or
+    raises OSError. Where the platform has it, one system call does both (pwritev with
+    RWF_DSYNC): a background thread that logs a small record then gives up the GIL once for it,
+    not twice (a write, then an fsync)."""
+    if _RWF_DSYNC is None:
+        os.lseek(fd, offset, os.SEEK_SET)
+        writev(fd, parts)
+        fsync(fd)
+        return
+    limit = os.sysconf("SC_IOV_MAX")
+    i = 0
+    while i < len(parts):
+        chunk = parts[i : i + limit]
+        n = os.pwritev(fd, chunk, offset, _RWF_DSYNC)
+        offset += n
+        for p in chunk:
+            if n >= len(p):
+                n -= len(p)
+                i += 1
+                continue
+            # a short write: the rest of this part, then on from the next one
+            parts = [*parts[:i], memoryview(p)[n:], *parts[i + 1 :]]
+            break
+
+
 def lock_directory(path: str) -> int:
     """Takes the lock of the store directory `path` (its LOCK file, flock LOCK_EX|LOCK_NB) and
     returns its fd, which holds it until closed; StoreLockedError when a process holds it."""

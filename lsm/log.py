@@ -120,8 +120,7 @@ class Log:
         size = sum(map(len, parts))
         fd = self._fd
         try:
-            files.writev(fd, parts)
-            files.fsync(fd)
+            files.write_durable(fd, parts, seg.size)
         except OSError:
             try:
                 files.truncate(fd, seg.size)

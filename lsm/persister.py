@@ -3,7 +3,7 @@
 One step at a time, each under the store's tier lock, in this order of priority:
 
 1. encode and log: every batch not yet logged is encoded (its runs' hash columns computed and
-   sorted, its keys packed) and written to the local log, one write + fsync for all of them;
+   sorted, its keys packed) and written to the local log, one durable write for all of them;
    `durable("disk")` advances;
 2. index: put the logged batches' runs into LevelDB, one write batch, then drop them from
    memory (this is what frees the memory bound). Small batches wait (`index_delay_s`) to be

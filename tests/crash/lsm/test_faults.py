@@ -1,7 +1,8 @@
 """Injected I/O faults: ENOSPC / EIO on the store's own file writes, and a failing remote tier.
 
 The log's writes and fsyncs all go through lsm.files, so wrapping `files.write`,
-`files.writev` and `files.fsync` injects a fault at exactly the calls the store makes; `remote.write_table` is
+`files.writev`, `files.fsync` and `files.write_durable` (a write and its sync in one call) injects
+a fault at exactly the calls the store makes; `remote.write_table` is
 where every remote file is written. While a fault is on: the error surfaces to the caller as a
 PersistError carrying the OSError, nothing becomes durable that was not, nothing durable is
 lost, and reads still see every append. Once it clears, the store goes on as if nothing had
@@ -38,7 +39,8 @@ read back whole."""
 
 
 class DiskFault:
-    """Wraps files.write / files.writev / files.fsync: while `on`, they raise OSError(err).
+    """Wraps files.write / files.writev / files.fsync / files.write_durable: while `on`, they
+    raise OSError(err).
 
     how: "write" (nothing written), "short-write" (half the bytes written, then the error),
     "fsync" (written, the fsync fails). thread: fault only the writes of the threads whose name
@@ -50,6 +52,7 @@ class DiskFault:
         self.on = False
         self.hits = 0
         real_write, real_writev, real_fsync = files.write, files.writev, files.fsync
+        real_durable = files.write_durable
 
         def faulted() -> bool:
             return self.on and threading.current_thread().name.startswith(thread)
@@ -77,9 +80,22 @@ class DiskFault:
                 raise OSError(err, os.strerror(err))
             real_fsync(fd)
 
+        def write_durable(fd: int, parts: list[bytes], offset: int) -> None:
+            # the write and its sync in one call: "fsync" writes the bytes, then fails
+            if faulted():
+                self.hits += 1
+                data = b"".join(parts)
+                if how == "short-write":
+                    os.pwrite(fd, data[: len(data) // 2], offset)
+                elif how == "fsync":
+                    os.pwrite(fd, data, offset)
+                raise OSError(err, os.strerror(err))
+            real_durable(fd, parts, offset)
+
         monkeypatch.setattr(files, "write", write)
         monkeypatch.setattr(files, "writev", writev)
         monkeypatch.setattr(files, "fsync", fsync)
+        monkeypatch.setattr(files, "write_durable", write_durable)
 
 
 def append(s: lsm.Store, model: Model, seqs: range) -> None:

@@ -210,3 +210,19 @@ def test_writev_writes_every_part_past_the_iov_limit(tmp_path):
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == b"head" + b"".join(parts)
+
+
+def test_write_durable_writes_every_part_at_its_offset_past_the_iov_limit(tmp_path):
+    import os
+
+    from lsm import files
+
+    parts = [bytes([i % 256]) * (i % 7) for i in range(5000)]  # more parts than IOV_MAX
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"head" + b"x" * 10)
+        files.write_durable(fd, parts, 4)  # over the x's, then past the end
+        files.write_durable(fd, [b"tail"], 4 + sum(map(len, parts)))
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"head" + b"".join(parts) + b"tail"
