@@ -270,6 +270,9 @@ def recovery(
             "epoch_restored": r.get("epoch"),
             "batch_s": r.get("batch_s"),
             "replay_restore_s": r.get("replay_restore_s"),
+            # nosync: the keyed state's load in the background, and how long the replay waited on it
+            "load_s": r.get("load_s"),
+            "load_wait_s": r.get("load_wait_s"),
             "records_replayed": r.get("records_replayed"),
             "span_records": r.get("span_records"),
             "span_steps": r.get("span_steps"),
