@@ -172,6 +172,11 @@ class Compactor:
                 self._base_image(h, full, report)
             with s._tier_lock:
                 before = s._log.disk_bytes()
+                seg = s._log.segments[-1] if s._log.segments else None
+                if full and seg is not None and not seg.sealed and seg.last <= s._disk.applied:
+                    # everything the open segment holds is indexed: sealed, it goes now (after
+                    # its upload, with uploads) rather than once it fills
+                    s._log.seal()
                 s._persister.drop_log()
                 report["log_bytes_freed"] = before - s._log.disk_bytes()
             s.stats.merge_cpu_s += time.thread_time() - t0

@@ -1135,6 +1135,23 @@ def test_compaction_horizon_follows_retention(open_store: OpenStore) -> None:
         s.load("s", as_of=5)
 
 
+def test_a_full_compaction_leaves_no_log_the_disk_tier_covers(open_store: OpenStore) -> None:
+    """The open log segment holds only what LevelDB indexed after a full compaction: it is
+    sealed and deleted then, not kept until it fills; the next append starts a new one."""
+    s = open_store(retention=0, merge_fanout=2, budget=0)
+    append_all(s, HISTORY)
+    assert s.disk_bytes()["log"] > 0
+    s.compact()
+    assert s.disk_bytes()["log"] == 0
+    s.append(10, {"s": {"after": 1}})
+    s.flush(timeout=TIMEOUT_S)
+    assert s.disk_bytes()["log"] > 0
+    s.close()
+    s = open_store()
+    check(s, HISTORY, [9], "reopened after the compaction")
+    assert s.get("s", "after") == 1
+
+
 def test_background_merges_keep_every_read(open_store: OpenStore) -> None:
     """With a budget, merges run on their own once the persister has indexed the runs; reads
     stay exact while they run and after."""
