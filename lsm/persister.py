@@ -21,6 +21,7 @@ stay in memory, so nothing is lost, and the next successful step clears the erro
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -57,6 +58,8 @@ class Persister(threading.Thread):
         """Callers waiting for every batch to be indexed (`drain_index`)."""
         self._logged_since: float | None = None
         """When the oldest logged batch not yet indexed was logged."""
+        self._uploaded_at = -math.inf
+        """When the last upload ended (`Store.pace("remote")` counts from it)."""
         self._encoded: dict[int, dict[bytes, bytes]] = {}
         """seq -> its runs' bytes, from encoding until indexing."""
         self.compactor = Compactor(store)
@@ -86,7 +89,10 @@ class Persister(threading.Thread):
                 self._fail(level, e, step)
                 continue
             finally:
-                s.stats.persist_cpu_s += time.thread_time() - t0
+                spent = time.thread_time() - t0
+                s.stats.persist_cpu_s += spent
+                if level == "remote":
+                    s.stats.upload_cpu_s += spent
             if s._error is not None:
                 with s._cond:
                     s._error = None
@@ -100,7 +106,7 @@ class Persister(threading.Thread):
         are due to be indexed."""
         tick = self._tick()
         if self.s._batches and self._logged_since is not None:
-            left = self._logged_since + self.s.options.index_delay_s - time.monotonic()
+            left = self._logged_since + self._index_delay() - time.monotonic()
             return max(0.001, min(tick, left))
         return tick
 
@@ -112,7 +118,10 @@ class Persister(threading.Thread):
         if self._index_wanted or s._mem_bytes >= min(s.options.index_bytes, s.options.memory_bytes):
             return True
         since = self._logged_since
-        return since is None or time.monotonic() - since >= s.options.index_delay_s
+        return since is None or time.monotonic() - since >= self._index_delay()
+
+    def _index_delay(self) -> float:
+        return self.s.options.index_delay_s + self.s.paced["disk"]
 
     def _due_locked(self) -> bool:
         s = self.s
@@ -131,6 +140,9 @@ class Persister(threading.Thread):
             return True
         if not log.segments:
             return False
+        gap = s.paced["remote"]
+        if gap and self._seal_target <= s._durable_remote and time.monotonic() - self._uploaded_at < gap:
+            return False  # held back by `pace`, and no flush asks for the remote tier
         if any(seg.sealed and seg.last > s._durable_remote for seg in log.segments[-2:]):
             return True
         return self._current_due()
@@ -272,6 +284,7 @@ class Persister(threading.Thread):
             s._durable_remote = s.remote.durable()
             s.stats.uploaded_bytes += sum(len(r.packed) for r in records)
             s._cond.notify_all()
+        self._uploaded_at = time.monotonic()
         self.drop_log()
 
     def drop_log(self) -> None:

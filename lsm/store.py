@@ -103,6 +103,10 @@ class StoreOptions:
     rebuilds a store from them). It must not block: hand the bytes to another thread."""
 
 
+PACED_LEVELS = ("remote", "disk")
+"""The levels whose background rounds `Store.pace` can hold back."""
+
+
 @dataclass
 class StoreStats:
     """Counters of one store since it was opened: appends, logging, indexing, uploads, backpressure,
@@ -116,6 +120,8 @@ class StoreStats:
     uploaded_bytes: int = 0
     backpressure_s: float = 0.0
     persist_cpu_s: float = 0.0
+    upload_cpu_s: float = 0.0
+    """The part of persist_cpu_s that went to the remote tier (uploads, base images)."""
     merges: int = 0
     merged_bytes: int = 0
     merge_cpu_s: float = 0.0
@@ -301,6 +307,8 @@ class Store:
         self._state_keys: dict[str, bytes] = {}
         self._newest_cache: tuple = (None, {})
         """A state's name, encoded (`get`, many times a name)."""
+        self.paced: dict[str, float] = {level: 0.0 for level in PACED_LEVELS}
+        """`pace`: the gap each level's rounds keep now."""
         self._gen = 0
         self._view: tuple = ((), {}, None, 0)
         self._publish_locked()
@@ -681,6 +689,19 @@ class Store:
         target = self.persist(level)
         self._wait_durable(level, target, timeout)
         return target
+
+    def pace(self, level: str, gap_s: float) -> None:
+        """Lets a level's background rounds fall behind (persistence as resources permit):
+        "remote", at least `gap_s` seconds between two uploads; "disk", logged batches wait
+        `gap_s` more to be indexed in LevelDB. 0 undoes it. Durability on the local log is
+        never paced; a flush of the remote tier and the memory bound still go at once."""
+        if level not in PACED_LEVELS:
+            raise LsmError(f"store {self.path}: pace {level!r}: only {', '.join(PACED_LEVELS)} can fall behind")
+        if not gap_s >= 0:
+            raise LsmError(f"store {self.path}: pace {level}: a gap is seconds >= 0, not {gap_s!r}")
+        with self._cond:
+            self.paced[level] = float(gap_s)
+            self._cond.notify_all()
 
     def persist(self, level: str = "disk") -> int:
         """Starts making everything appended so far durable on `level`, without waiting:

@@ -14,6 +14,7 @@ import datetime
 import enum
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -1379,3 +1380,43 @@ def test_flush_remote_after_a_rollback_below_an_earlier_flush(open_store: OpenSt
     s.append(2, {"s": {"a": "again"}})
     assert s.flush("remote", timeout=TIMEOUT_S) == 2
     assert s.durable("remote") == 2
+
+
+def test_a_paced_remote_tier_waits_between_uploads_unless_a_flush_asks(open_store: OpenStore) -> None:
+    """`pace("remote", g)`: a segment due for upload (sealed at once here) waits g seconds
+    after the last upload; a flush of the remote tier does not wait; pace 0 lets it go."""
+    s = open_store(uploads=True, seal_interval_s=0.0, budget=0)
+    s.pace("remote", 3600.0)
+    s.append(1, {"s": {"a": 1}})
+    assert s.flush("remote", timeout=TIMEOUT_S) == 1  # asked for: not held back
+    s.append(2, {"s": {"a": 2}})
+    s.flush("disk", timeout=TIMEOUT_S)
+    with s._cond:
+        assert not s._persister._upload_due(), "an upload due by age went within the paced gap"
+        assert s.durable("remote") == 1
+    s.pace("remote", 0.0)
+    wait_until(s, lambda: s.durable("remote") == 2, "upload once the pace is lifted")
+    assert s.stats.upload_cpu_s > 0
+
+
+def test_a_paced_disk_tier_indexes_later_and_reads_meanwhile(open_store: OpenStore) -> None:
+    """`pace("disk", g)`: logged batches wait g seconds more to be indexed; they are durable
+    and read from memory meanwhile (without the pace, at once: index_delay_s 0)."""
+    s = open_store(budget=0, index_delay_s=0.0)
+    s.pace("disk", 3600.0)
+    s.append(1, {"s": {"a": 1}})
+    s.append(2, {"s": {"b": 2}})
+    assert s.flush("disk", timeout=TIMEOUT_S) == 2
+    with s._cond:
+        assert not s._persister._index_due_locked(), "logged batches went to LevelDB within the paced gap"
+    assert s.indexed < 2 and s.load("s") == {"a": 1, "b": 2}
+    s.pace("disk", 0.0)
+    wait_until(s, lambda: s.indexed == 2, "indexing once the pace is lifted")
+
+
+@pytest.mark.parametrize(("level", "gap", "said"), [("memory", 1.0, "'memory'"), ("remote", -1.0, "-1.0")])
+def test_pace_refuses_a_level_or_a_gap_it_cannot_keep(open_store: OpenStore, level: str, gap: float, said: str) -> None:
+    s = open_store()
+    with pytest.raises(LsmError, match=re.escape(said)):
+        s.pace(level, gap)
+    assert s.paced == {"remote": 0.0, "disk": 0.0}
