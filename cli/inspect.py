@@ -72,6 +72,10 @@ def inspect_cmd(run_dir, as_json) -> None:
         click.echo(f"levels     durable seqs at the end per worker; longest an append waited: {lags}")
         for w, seqs in lv["durable_seqs"].items():
             click.echo(f"  w{w} " + ", ".join(f"{k} {v}" for k, v in (seqs or {}).items()))
+        behind = {k: v for k, v in lv["gap_ms_max"].items() if v}
+        if behind:
+            gaps = ", ".join(f"{k} {v:,.0f} ms" for k, v in behind.items())
+            click.echo(f"  fell behind the budget (longest gap between two rounds): {gaps}")
         if lv["replica_holder_losses"]:
             click.echo(f"  holders of copies lost: {lv['replica_holder_losses']} (the level waited for them)")
         for w, why in lv["replica_holders_over_budget"].items():

@@ -73,7 +73,8 @@ class RunOptions:
     persist_budget: float = _opt(
         0.05,
         "The share of a worker's time its persistence may take, in (0, 1]: its stores' merges (abs, nosync) are held"
-        " to it; nosync's snapshots come less often past it.",
+        " to it; past it, nosync's levels beyond --checkpoint-tier fall behind (remote, disk indexing, replicated)"
+        " and its snapshots come less often.",
     )
     max_unpersisted_mb: int = _opt(
         256, "nosync: bytes appended and not yet durable (snapshots, lineage points) above which sources wait.", min=1

@@ -109,6 +109,9 @@ class Replicas:
         self.stores: dict[str, Any] = {}
         self.inbox: deque = deque()
         """(store, seq, body) the persisters logged, for the processing thread to send."""
+        self.gap_s = 0.0
+        """The least time between two sends of what was logged (0: at every poll)."""
+        self._sent_at = 0.0
         self.state = {j: "base" for j in self.holders}
         """Per holder: "base" (needs a base image), "basing" (one is being made), "live", "over"
         (its budget cannot take a base image: no more acknowledgements), "adopted" (its copy,
@@ -159,9 +162,14 @@ class Replicas:
         """Sends what was logged to the holders whose link is up (`up(j)`), base images first
         where they need one, and answers fetches whose asker is connected now."""
         new: dict[str, list] = {}
-        while self.inbox:
-            name, seq, body = self.inbox.popleft()
-            new.setdefault(name, []).append((seq, body))
+        now = time.monotonic()
+        if not self.gap_s or now - self._sent_at >= self.gap_s:
+            # what was logged waits `gap_s` between two sends (the level fell behind:
+            # `LevelPacer`), then goes in one
+            self._sent_at = now
+            while self.inbox:
+                name, seq, body = self.inbox.popleft()
+                new.setdefault(name, []).append((seq, body))
         for j in self.holders:
             st = self.state[j]
             if st == "adopted":

@@ -191,6 +191,7 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
         info["levels"] = {
             "durable_seqs": summary["durable_seqs"],
             "lag_ms_max": summary.get("level_lag_ms_max") or {},
+            "gap_ms_max": summary.get("level_gap_ms_max") or {},
             "replicas": summary.get("replicas", 0),
             "replica_holder_losses": summary.get("replica_holder_losses", 0),
             "replica_holders_over_budget": summary.get("replica_holders_over_budget") or {},

@@ -103,3 +103,28 @@ def test_a_run_shorter_than_its_kills_is_not_judged(tmp_path):
     said = re.search(r"not judged: (\d) of 5 kills made before the run ended", proc.stdout)
     assert said is not None, proc.stdout + proc.stderr
     assert int(said.group(1)) < 5
+
+
+@pytest.mark.soak
+def test_levels_that_fell_behind_the_budget_still_recover_a_lost_machine(tmp_path):
+    """Replicated + remote with a budget so small that the levels beyond the remote tier fall
+    behind (the disk tier's indexing, then the sends to the holder): a lost machine is still
+    recovered exactly-once, from the holder's copy, which lags what the remote tier has."""
+    r = chaos(
+        KEYED_COUNT,
+        "nosync",
+        3,
+        1,
+        seed=4,
+        params=SMALL,
+        out=str(tmp_path / "chaos"),
+        options={"checkpoint_tier": "remote", "replicas": 1, "persist_budget": 0.002},
+        timeout=300,
+        failure="machine",
+    )
+    assert r["deterministic"] and "run_failed" not in r, r
+    assert r["kills"] == 1 and r["killed"][0]["wiped_before_retry"] == [True], r
+    assert (r["lost"], r["duplicated"], r["exactly_once"]) == (0, 0, True), r
+    with open(os.path.join(r["chaos"], "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    assert summary["level_gap_ms_max"].get("disk", 0) > 0, summary["level_gap_ms_max"]

@@ -268,6 +268,10 @@ class NosyncMode(Mode):
                 level: 1000 * max(m.get("level_lag_s", {}).get(level, 0.0) for m in per)
                 for level in sorted({k for m in per for k in m.get("level_lag_s", {})})
             },
+            "level_gap_ms_max": {
+                level: 1000 * max(m.get("level_gap_s_max", {}).get(level, 0.0) for m in per)
+                for level in sorted({k for m in per for k in m.get("level_gap_s_max", {})})
+            },
             "replicas": self.options.replica_count,
             "replica_bytes_sent": total("replica_bytes_sent"),
             "replica_base_images": total("replica_base_images"),

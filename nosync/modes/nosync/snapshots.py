@@ -237,11 +237,17 @@ class Snapshots:
         self.snap_point = p.snapshot
         now = time.monotonic()
         st = self.store.stats
-        spent = st.persist_cpu_s + st.merge_cpu_s
+        spent = st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s
         cost = p.cost + max(0.0, spent - self._cost_base)
         self._cost_base = spent
         self.persist_s_total += cost
-        self.interval_s = max(self.persist_s, cost / self.budget)
+        # what the levels that can fall behind took is theirs to pace (`LevelPacer`): the
+        # interval stretches by the cost of the snapshot's own path only
+        paced = self.pacer.gaps if self.pacer is not None else {}
+        own = (st.upload_cpu_s if "remote" in paced else 0.0) + (self.replicate_cpu_s if "replicated" in paced else 0.0)
+        self.interval_s = max(self.persist_s, max(0.0, cost - (own - self._paced_base)) / self.budget)
+        self._paced_base = own
+        self.snapshot_cpu_s += p.cost
         self.intervals.append(self.interval_s)
         # a loss just before this one was durable would have re-executed from the one before
         prev = getattr(self, "_prev_durable", None)
