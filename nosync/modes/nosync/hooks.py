@@ -195,10 +195,6 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self.snap_seq = -1
         """The seq of the snapshot a recovery restored (-1: none)."""
         self._cost_base = 0.0
-        self._paced_base = 0.0
-        """What the levels that can fall behind had taken at the last durable snapshot."""
-        self.snapshot_cpu_s = 0.0
-        """The processing thread's time in the durable snapshots (taking their state)."""
 
     # -- the log of steps ---------------------------------------------------------------
 

@@ -231,6 +231,10 @@ class Snapshots:
         self._commit_safe(worker)
 
     snap_point: dict | None = None
+    _paced_base = 0.0
+    """What the levels that can fall behind had taken at the last durable snapshot."""
+    snapshot_cpu_s = 0.0
+    """The processing thread's time in the durable snapshots (taking their state)."""
 
     def _snapshot_durable(self, worker: Worker, p: Pending) -> None:
         self.durable_step = p.step
