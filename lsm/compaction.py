@@ -61,17 +61,23 @@ class Compactor:
 
     # -- when -------------------------------------------------------------------
 
-    def _plans(self, horizon: int, full: bool = False) -> list[tuple[bytes, list, bool, bool]]:
+    def _plans(self, horizon: int, full: bool = False) -> list[tuple[bytes, list, bool, bool, list]]:
         """The merges the catalog calls for (`full`: whatever their size): (state, runs, base,
-        fold) each."""
+        fold, dropped: older runs that go without being merged) each."""
         s = self.s
         fanout = max(2, s.options.merge_fanout)
         least = 0 if full else s.options.merge_min_bytes
         out = []
         for sb, refs in s._catalog.items():
             old = [r for r in refs if r.hi <= horizon]
+            # the runs at or below the horizon older than the newest of them that holds every
+            # live key (`run.FULL`) are read by nothing any more: they go with the merge
+            cut = max((i for i, r in enumerate(old) if r.full), default=0)
+            if cut:
+                out.append((sb, old[cut:], True, True, old[:cut]))
+                continue
             if len(old) >= 2 or (old and (old[0].nhist or old[0].ndel)):
-                out.append((sb, old, True, True))
+                out.append((sb, old, True, True, []))
                 continue
             rest = list(refs[len(old) :])
             group: list = []
@@ -82,9 +88,11 @@ class Compactor:
                     break
                 group.append(r)
                 smallest = size if smallest is None else min(smallest, size)
+                if r.full:
+                    break  # nothing older is merged into a run that holds every live key
             if len(group) >= fanout and (sum(r.nbytes for r in group) >= least or len(group) >= MANY_RUNS):
                 group.reverse()
-                out.append((sb, group, group[0] is refs[0], False))
+                out.append((sb, group, group[0] is refs[0], False, []))
         return out
 
     def due(self) -> bool:
@@ -157,11 +165,11 @@ class Compactor:
                 plans = self._plans(h, full)
                 if paced:
                     plans = self._affordable(plans)
-            for sb, refs, base, fold in plans:
+            for sb, refs, base, fold, dropped in plans:
                 if self._stopping:
                     break
                 t1 = time.thread_time()
-                self._merge(sb, refs, h if fold else s._disk.horizon, base, report)
+                self._merge(sb, refs, h if fold else s._disk.horizon, base, report, dropped)
                 entries = sum(r.n + r.npairs + r.nhist for r in refs)
                 if entries >= 10_000:
                     self._entry_cpu_s = 0.5 * self._entry_cpu_s + 0.5 * (time.thread_time() - t1) / entries
@@ -184,22 +192,30 @@ class Compactor:
             self.last_report = report
             return report
 
-    def _merge(self, sb: bytes, refs: list, horizon: int, base: bool, report: dict) -> None:
+    def _merge(self, sb: bytes, refs: list, horizon: int, base: bool, report: dict, dropped: list = ()) -> None:
+        """Replaces `refs` by their merge and deletes `dropped` (older runs nothing reads any
+        more); a single run with nothing to fold stays as it is."""
         s = self.s
-        views = [self._view(r) for r in refs]
-        data = merge(views, horizon, base)
+        dropped = list(dropped)
+        if len(refs) == 1 and not (refs[0].nhist or refs[0].ndel):
+            added, removed, data = [], dropped, b""
+        else:
+            data = merge([self._view(r) for r in refs], horizon, base)
+            added, removed = [(sb, data)], [*dropped, *refs]
         with s._tier_lock:
-            (ref,) = s._disk.write([(sb, data)], removed=refs)
+            new = s._disk.write(added, removed=removed)
             with s._cond:
-                gone = {r.hi for r in refs}
+                gone = {r.hi for r in removed}
                 kept = [r for r in s._catalog.get(sb, ()) if r.hi not in gone]
-                s._catalog[sb] = tuple(sorted([*kept, ref], key=lambda r: r.hi))
-                for r in refs:
+                s._catalog[sb] = tuple(sorted([*kept, *new], key=lambda r: r.hi))
+                for r in removed:
                     s._views.pop((r.state, r.lo, r.hi), None)
                 s._publish_locked()
                 s.stats.merges += 1
                 s.stats.merged_bytes += len(data)
-                s.stats.versions_dropped += sum(r.n + r.npairs + r.nhist for r in refs) - (ref.n + ref.nhist)
+                s.stats.versions_dropped += sum(r.n + r.npairs + r.nhist for r in removed) - sum(
+                    r.n + r.nhist for r in new
+                )
         report["merges"] += 1
         report["merged_bytes"] += len(data)
 

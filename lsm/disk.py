@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import plyvel
 
-from lsm.run import HEADER
+from lsm.run import FULL, HEADER
 
 META_APPLIED = b"\x00applied"
 META_HORIZON = b"\x00horizon"
@@ -56,12 +56,14 @@ class RunRef(NamedTuple):
     hmax: int
     nbytes: int
     npairs: int
+    full: bool = False
+    """Whether the run holds every live key of its state (`run.FULL`)."""
 
 
 def ref_of(state: bytes, header: bytes, nbytes: int) -> RunRef:
     """The ref of a run of `state` from its header bytes and its size."""
     f = HEADER.unpack_from(header, 0)
-    return RunRef(state, f[3], f[4], f[5], f[6], f[7], f[9], f[10], nbytes, f[8])
+    return RunRef(state, f[3], f[4], f[5], f[6], f[7], f[9], f[10], nbytes, f[8], bool(f[2] & FULL))
 
 
 def _meta_int(db: plyvel.DB, key: bytes, default: int) -> int:

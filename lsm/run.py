@@ -36,6 +36,10 @@ MULTI = 1
 HASHED = 2
 """Flag: the run holds the sorted key-hash column of its key column (a merge wrote it); an
 append's run does not: hashing is half of a run's cost, and only a point look-up needs it."""
+FULL = 4
+"""Flag: the run holds every live key of its state as of its first seq (a key it lacks is
+deleted there), and, merged, at every seq of its range: a read at or after its first seq
+needs no older run of the state."""
 HEADER = struct.Struct("<4sHHQQIIIIQQQ11I")
 SECTIONS = (
     "pairs",
@@ -132,7 +136,7 @@ class PendingRun:
     the deletions that are a key's last column (a key deleted and then set again in one batch
     is set)."""
 
-    __slots__ = ("seq", "_n", "_keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest")
+    __slots__ = ("seq", "_n", "_keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest", "full")
     hashed = False
     """Whether `lookup` needs the key's hash (an append's run is searched as a dict)."""
 
@@ -145,8 +149,11 @@ class PendingRun:
         dels: list[int],
         pairs_b: bytes = b"",
         npairs: int = 0,
+        full: bool = False,
     ) -> None:
         self.seq = seq
+        self.full = full
+        """Whether the run holds every live key of its state (`FULL`)."""
         self._n = n
         self._keys: tuple | None = None
         self.keys_b = keys_b
@@ -245,7 +252,10 @@ class PendingRun:
             b"",
             b"",
         ]
-        return _assemble(self.seq, self.seq, 0, self._n, len(self.dels), 0, *ALL_HASHES, sections, npairs=self.npairs)
+        flags = FULL if self.full else 0
+        return _assemble(
+            self.seq, self.seq, flags, self._n, len(self.dels), 0, *ALL_HASHES, sections, npairs=self.npairs
+        )
 
 
 class RunView:
@@ -264,6 +274,7 @@ class RunView:
         "hmin",
         "hmax",
         "hashed",
+        "full",
         "_latest",
         "_off",
         "_keys",
@@ -296,6 +307,7 @@ class RunView:
         self.npairs = npairs
         self.hmin, self.hmax = hmin, hmax
         self.hashed = bool(flags & HASHED)
+        self.full = bool(flags & FULL)
         self._latest: dict | None = None
         off = {}
         pos = HEADER.size
@@ -507,7 +519,9 @@ def merge(runs: list, horizon: int, base: bool) -> bytes:
         V += v
         S_parts.append(s)
         H_parts.append(h)
-    return _build(K, V, np.concatenate(S_parts), np.concatenate(H_parts), runs[0].lo, runs[-1].hi, horizon, base)
+    full = runs[0].full
+    S, H = np.concatenate(S_parts), np.concatenate(H_parts)
+    return _build(K, V, S, H, runs[0].lo, runs[-1].hi, horizon, base or full, full)
 
 
 def truncate(run: RunView | PendingRun, to_seq: int, horizon: int, base: bool) -> bytes:
@@ -515,7 +529,8 @@ def truncate(run: RunView | PendingRun, to_seq: int, horizon: int, base: bool) -
     K, V, S, H = run.entries()
     keep = np.flatnonzero(S <= to_seq).tolist()
     get = itemgetter(*keep) if len(keep) > 1 else (lambda seq: tuple(seq[i] for i in keep))
-    return _build(list(get(K)), list(get(V)), S[keep], H[keep], run.lo, to_seq, horizon, base)
+    full = run.full
+    return _build(list(get(K)), list(get(V)), S[keep], H[keep], run.lo, to_seq, horizon, base or full, full)
 
 
 def image(runs: list, seq: int, horizon: int | None = None) -> bytes:
@@ -523,6 +538,10 @@ def image(runs: list, seq: int, horizon: int | None = None) -> bytes:
     state, and nothing newer: every live key's value (a base image), and the older versions a
     read at or after `horizon` (default `seq`: none) can see."""
     horizon = seq if horizon is None else horizon
+    # from the newest run at or below `seq` that holds every live key: the older ones are
+    # not read through it (a key deleted there is absent from it, not marked)
+    start = max((i for i, r in enumerate(runs) if r.full and r.lo <= seq), default=0)
+    runs = runs[start:]
     parts = [r.entries() for r in runs]
     K = [k for p in parts for k in p[0]]
     V = [v for p in parts for v in p[1]]
@@ -530,13 +549,17 @@ def image(runs: list, seq: int, horizon: int | None = None) -> bytes:
     H = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, _U64)
     keep = np.flatnonzero(S <= seq).tolist()
     lo = runs[0].lo if runs else seq
-    return _build([K[i] for i in keep], [V[i] for i in keep], S[keep], H[keep], lo, seq, min(seq, horizon), True)
+    full = bool(runs) and runs[0].full
+    return _build([K[i] for i in keep], [V[i] for i in keep], S[keep], H[keep], lo, seq, min(seq, horizon), True, full)
 
 
-def _build(K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, horizon: int, base: bool) -> bytes:
+def _build(
+    K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, horizon: int, base: bool, full: bool = False
+) -> bytes:
+    flags = MULTI | HASHED | (FULL if full else 0)
     total = len(K)
     if total == 0:
-        return _assemble(lo, hi, MULTI | HASHED, 0, 0, 0, 1, 0, [b""] * len(SECTIONS))
+        return _assemble(lo, hi, flags, 0, 0, 0, 1, 0, [b""] * len(SECTIONS))
     S = S.astype(np.int64)
     pos = np.arange(total, dtype=np.int64)
     # by hash, then newest first; among versions of one seq (a key twice in one batch) the later
@@ -585,7 +608,7 @@ def _build(K: list, V: list, S: np.ndarray, H: np.ndarray, lo: int, hi: int, hor
         pack_values(hist_values),
         S[hist].astype(_U64).tobytes(),
     ]
-    return _assemble(lo, hi, MULTI | HASHED, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections)
+    return _assemble(lo, hi, flags, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections)
 
 
 def _is_tombstone(v: Any) -> bool:

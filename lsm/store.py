@@ -192,13 +192,16 @@ class Updates(NamedTuple):
       str or bytes (a container, whose type must come back, goes in the columns);
     - `keys`, `values`: columns, applied after the pairs (TOMBSTONE deletes);
     - `checked`: every key is known to be a store key already (`keys.check_key_column`), and
-      is not checked again. REQUIRES: true of the pairs' keys too, whatever `checked` says.
+      is not checked again. REQUIRES: true of the pairs' keys too, whatever `checked` says;
+    - `full`: the updates are every live key of the state, not its changes: a key they lack is
+      deleted, and a read at or after this seq reads no older run of the state (`run.FULL`).
     """
 
     keys: list = []
     values: list = []
     pairs: list = []
     checked: bool = False
+    full: bool = False
 
 
 def _seq(column: Any) -> list | tuple:
@@ -381,7 +384,7 @@ class Store:
                 raise KeyEncodingError(f"append seq {seq} to {self.path}: state name: {e}") from None
             if isinstance(updates, Updates):
                 built[sb] = self._pending(
-                    seq, state, _seq(updates.keys), _seq(updates.values), updates.pairs, updates.checked
+                    seq, state, _seq(updates.keys), _seq(updates.values), updates.pairs, updates.checked, updates.full
                 )
             else:
                 keys, values = _columns(updates)
@@ -403,7 +406,14 @@ class Store:
         return batch.nbytes
 
     def _pending(
-        self, seq: int, state: Any, keys: list, values: list, pairs: list = (), checked: bool = False
+        self,
+        seq: int,
+        state: Any,
+        keys: list,
+        values: list,
+        pairs: list = (),
+        checked: bool = False,
+        full: bool = False,
     ) -> PendingRun:
         where = f"append seq {seq} to {self.path}, state {state!r}"
         if len(keys) != len(values):
@@ -433,7 +443,7 @@ class Store:
             if len(last) < len(keys):
                 dels = [i for i in dels if last[keys[i]] == i]
         npairs, pairs_b = join_pairs(pairs) if pairs else (0, b"")
-        return PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs)
+        return PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs, full)
 
     def _publish_locked(self, disk_changed: bool = True) -> None:
         """REQUIRES: _lock held (or no other thread yet). Replaces the read view; a LevelDB
@@ -466,8 +476,14 @@ class Store:
         return as_of
 
     def _runs(self, sb: bytes, view: tuple, as_of: int) -> list:
-        """The runs of one state that a read as of `as_of` needs, newest first."""
-        return list(self._iter_runs(sb, view, as_of))
+        """The runs of one state that a read as of `as_of` needs, newest first: back to the
+        newest that holds every live key (`run.FULL`), or to the first."""
+        out = []
+        for run in self._iter_runs(sb, view, as_of):
+            out.append(run)
+            if run.full:
+                break
+        return out
 
     def _iter_runs(self, sb: bytes, view: tuple, as_of: int) -> Any:
         """`_runs`, one at a time: a look-up that stops at the first run holding its key reads
@@ -523,7 +539,7 @@ class Store:
             runs = cache[1].get(state) if cache[0] is view and type(state) is str else None
             if runs is None:
                 runs = self._newest_first(state, view)
-            for lo, run in runs:
+            for lo, run, full in runs:
                 if lo > at:
                     continue
                 if type(run) is not dict:
@@ -535,17 +551,21 @@ class Store:
                             h = self._key_hash(key)
                         v = run.lookup(key, h, at)
                         if v is MISSING:
+                            if full:
+                                break  # the run holds every live key: the key is not one
                             continue
                         return default if v is TOMBSTONE else own(v)
                     # an append's run (one seq): its latest versions as a dict, kept in place
                     # of the run in this view's list, so that the next look-up finds it at once
                     run = run.latest()
-                    runs[[r for _, r in runs].index(ref)] = (lo, run)
+                    runs[[r for _, r, _ in runs].index(ref)] = (lo, run, full)
                 v = run.get(key, MISSING)
                 if v is not MISSING:
                     if v is TOMBSTONE:
                         return default
                     return v if type(v) in IMMUTABLE_TYPES else own(v)
+                if full:
+                    break
         # a key the store has not: one append would have refused is refused here
         if h is None:
             self._key_hash(key)
@@ -560,7 +580,7 @@ class Store:
             raise KeyEncodingError(f"key {key!r:.60} of {self.path}: {e}") from None
 
     def _newest_first(self, state: Any, view: tuple) -> list:
-        """(lo, run) of one state's runs in `view`, newest first: a run appended, or the
+        """(lo, run, full) of one state's runs in `view`, newest first: a run appended, or the
         RunRef of one on the disk tier (an append's run becomes its dict of latest versions
         once read, `get`). Kept until the view changes (`get`, many times a view); keyed by
         the state's name when it is a str."""
@@ -576,8 +596,8 @@ class Store:
         got = cache[1].get(name)
         if got is None:
             batches, catalog, _, _ = view
-            got = [(b.seq, b.runs[sb]) for b in reversed(batches) if sb in b.runs]
-            got += [(ref.lo, ref) for ref in reversed(catalog.get(sb, ()))]
+            got = [(b.seq, b.runs[sb], b.runs[sb].full) for b in reversed(batches) if sb in b.runs]
+            got += [(ref.lo, ref, ref.full) for ref in reversed(catalog.get(sb, ()))]
             cache[1][name] = got
         return got
 

@@ -31,6 +31,7 @@ from lsm import (
     Store,
     StoreClosedError,
     StoreLockedError,
+    Updates,
     ValueEncodingError,
 )
 from lsm.files import copy_store, scratch_near
@@ -1420,3 +1421,63 @@ def test_pace_refuses_a_level_or_a_gap_it_cannot_keep(open_store: OpenStore, lev
     with pytest.raises(LsmError, match=re.escape(said)):
         s.pace(level, gap)
     assert s.paced == {"remote": 0.0, "disk": 0.0}
+
+
+def full_history() -> History:
+    """Deltas, then a run of every live key (full) that drops b and changes a, then deltas."""
+    return [
+        (1, {"s": {"a": 1, "b": 2}}),
+        (2, {"s": {"b": 3, "x": TOMBSTONE}}),
+        (3, {"s": Updates(["a", "c"], [10, 3], full=True)}),
+        (4, {"s": {"d": 4, "c": TOMBSTONE}}),
+        (5, {"s": {"b": 5}}),
+    ]
+
+
+FULL_STATES = {
+    1: {"a": 1, "b": 2},
+    2: {"a": 1, "b": 3},
+    3: {"a": 10, "c": 3},
+    4: {"a": 10, "d": 4},
+    5: {"a": 10, "d": 4, "b": 5},
+}
+"""The state after each seq of full_history, written out by hand."""
+
+
+def test_a_full_run_is_the_whole_state_a_key_it_lacks_deleted(open_store: OpenStore) -> None:
+    """A run appended as every live key (`Updates(full=True)`) deletes the keys it lacks, for
+    load and get alike, as appended, indexed and merged; reads before it see the runs before."""
+    s = open_store(merge_fanout=2, budget=0)
+    append_all(s, full_history())
+    for phase in phases(s):
+        for seq, want in FULL_STATES.items():
+            assert s.load("s", as_of=seq) == want, (phase, seq)
+            for key in "abcdx":
+                assert s.get("s", key, as_of=seq) == want.get(key), (phase, seq, key)
+
+
+def test_runs_older_than_a_full_run_below_the_horizon_go(open_store: OpenStore) -> None:
+    """Past the retention horizon, the runs older than a full run are read by nothing: a
+    compaction deletes them, and what is read at or after the horizon is unchanged."""
+    s = open_store(retention=1, merge_fanout=8, budget=0)
+    append_all(s, full_history())
+    s.compact()  # horizon 4: the runs of seqs 1 and 2 go, the full run stays the oldest
+    assert s.horizon == 4
+    assert s.runs("s")[0][0] == 3, s.runs("s")
+    assert s.load("s") == FULL_STATES[5] and s.load("s", as_of=4) == FULL_STATES[4]
+    assert s.get("s", "b", as_of=4) is None and s.get("s", "b") == 5
+    s.close()
+    s = open_store(retention=1)
+    assert s.load("s") == FULL_STATES[5]
+
+
+def test_a_rollback_into_a_merged_full_run_keeps_it_whole(open_store: OpenStore) -> None:
+    """A merge whose oldest run is full is full; a rollback into its range cuts its newer
+    versions and leaves it full: the keys the full run dropped stay dropped."""
+    s = open_store(merge_fanout=2, budget=0)
+    append_all(s, full_history())
+    index_all(s)
+    s.compact()
+    s.rollback(4)
+    assert s.load("s") == FULL_STATES[4]
+    assert s.get("s", "b") is None
