@@ -26,7 +26,10 @@ _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 _PAIRS = msgpack.Packer(use_bin_type=True)
 _first = itemgetter(0)
 _second = itemgetter(1)
-"""What a lazy loader returns for a key without saved state."""
+FULL_AFTER = 1.0
+"""An operator that logs its updates writes its whole state at a snapshot, not its changes,
+once the updates logged since it last did outnumber its keys by this factor: about as many
+bytes, and a restore then reads one run of the state, not every run since the last merge."""
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
@@ -155,19 +158,41 @@ class _LogsOutput(KeyedOp):
     interval logged more than twice as many updates as the operator has keys, the next ones
     note changed keys (a snapshot writes each once, with its value then); once fewer than
     half the updates noted were of keys not noted before, they are logged again. Either way a
-    snapshot's run holds the pairs logged, then the changed keys, the latter winning."""
+    snapshot's run holds the pairs logged, then the changed keys, the latter winning.
+
+    Once the updates since the state was last taken whole outnumber its keys (FULL_AFTER),
+    the next snapshot takes it whole instead (`take_full`: one run of every live key, which
+    a restore reads alone), and the updates until then are noted as changed keys only (the
+    fallback when a value is not plain msgpack)."""
+
+    full_after = FULL_AFTER
+    """FULL_AFTER for this operator (math.inf: never taken whole)."""
 
     def __init__(self, node: Node) -> None:
         super().__init__(node)
         self.by_keys = False
         """Whether updates are noted as changed keys rather than logged as pairs."""
         self._noted = 0
+        self._since_full = 0
+        """Updates logged or noted since the state was last taken whole (`take_full`)."""
+        self.full_due = False
+        """Whether the next snapshot takes the whole state: the updates after it are noted as
+        changed keys (in case the state cannot be taken whole), not packed."""
+        self._plain = False
+        """Whether every value of the state is known to be plain msgpack: it was when last
+        taken whole, and every batch since was checked to be (so `take_full` need not look)."""
 
     def note_changes(self, records: list, out: list | None) -> None:
         if not out:
             return
         self._noted += len(out)
-        if not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN:
+        self._since_full += len(out)
+        if not self.full_due and self._since_full > self.full_after * len(self.state):
+            self.full_due = True
+        plain = not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN
+        if not plain:
+            self._plain = False
+        if plain and not self.full_due:
             try:
                 # a map, not an array of pairs: half the packing, and decoded straight into a dict
                 self.pairs.append((len(out), _PAIRS.pack_map_pairs(out)))
@@ -176,7 +201,32 @@ class _LogsOutput(KeyedOp):
                 _PAIRS.reset()
         self.dirty.update(map(_first, out))
 
+    def take_full(self) -> Updates | None:
+        """The whole state as one run of every live key (`Updates(full=True)`), packed by one
+        msgpack call, forgetting the updates collected; None, and nothing forgotten, when a
+        value is not plain msgpack (its type would not come back)."""
+        state = self.state
+        if not self._plain and not set(map(type, state.values())) <= _PLAIN:
+            return None
+        try:
+            packed = _PAIRS.pack(state)
+        except (OverflowError, ValueError, TypeError):
+            _PAIRS.reset()
+            return None
+        self.dirty = set()
+        self.pairs = []
+        self._noted = self._since_full = 0
+        self.full_due = False
+        self._plain = True
+        return Updates([], [], [(len(state), packed)], True, full=True)
+
     def take_updates(self) -> Updates:
+        if self.full_due:
+            full = self.take_full()
+            if full is not None:
+                return full
+            self.full_due = False
+            self._since_full = 0
         logged = sum(n for n, _ in self.pairs)
         noted, self._noted = self._noted, 0
         u = super().take_updates()
@@ -191,6 +241,7 @@ class _LogsOutput(KeyedOp):
     def forget_updates(self) -> None:
         super().forget_updates()
         self._noted = 0
+        self._plain = False  # a restore replaces the state: its values are checked again
 
 
 class ReduceOp(_LogsOutput):

@@ -133,8 +133,9 @@ def B(n: int) -> dict:
 
 def run_bytes(pairs: list) -> int:
     """The size of the run of one append of an aggregate's updates, as lsm/FORMAT.md defines
-    it: a 108-byte header, the pairs it logged as one msgpack map, and empty key and value
-    columns (one msgpack array each): nothing hashed."""
+    it: a 108-byte header, the pairs it logged as one msgpack map (its whole state: a map of
+    each key's count), and empty key and value columns (one msgpack array each): nothing
+    hashed."""
     return 108 + len(msgpack.Packer(use_bin_type=True).pack_map_pairs(pairs)) + 2 * len(msgpack.packb([]))
 
 
@@ -191,7 +192,8 @@ def test_records_after_the_barrier_are_held_until_alignment(env):
     assert row["operator"] == "count"
     assert row["align_ms"] >= 0
     assert row["held"] == 3
-    assert row["bytes"] == run_bytes(out_before)  # every update before the barrier, in order
+    # 7 updates of 3 keys before the barrier: the snapshot takes the state whole, as it was then
+    assert row["bytes"] == run_bytes(list(snapshot.items()))
     assert p["ops"]["count"]["inputs"] == {"a": -1, "b": -1}
 
 

@@ -16,6 +16,7 @@ import collections
 import copy
 import datetime
 import enum
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -601,6 +602,7 @@ def test_a_count_logs_pairs_while_keys_are_new_and_changed_keys_while_they_repea
     op = make_op(source(p, "s").key_by(lambda r: r[0]).aggregate(lambda: 0, lambda a, v: a + v, name="c").node)
     wire(op, CHANNELS)
     track(op)
+    op.full_after = math.inf  # changes only: the state taken whole is the next test's
     counts: collections.Counter = collections.Counter()
     store = lsm.Store(str(tmp_path / "s"))
 
@@ -630,4 +632,47 @@ def test_a_count_logs_pairs_while_keys_are_new_and_changed_keys_while_they_repea
     assert store.load("c") == dict(counts)
     # after seq 2: 10 updates of 1 and 5 of 2 per key
     assert store.load("c", as_of=2) == {f"k{i}": 20 for i in range(10)}
+    store.close()
+
+
+def test_a_count_whose_updates_outnumber_its_keys_is_taken_whole(tmp_path):
+    """Once the updates since the state was last taken whole outnumber its keys, the next
+    snapshot writes every live key as one full run (a restore reads it alone); a state whose
+    values are not plain msgpack is written as its changed keys instead. The store holds the
+    counts either way, and a load reads the full run and what came after it only."""
+    p = ns.Pipeline("p")
+    op = make_op(source(p, "s").key_by(lambda r: r[0]).aggregate(lambda: 0, lambda a, v: a + v, name="c").node)
+    wire(op, CHANNELS)
+    track(op)
+    counts: collections.Counter = collections.Counter()
+    store = lsm.Store(str(tmp_path / "s"))
+
+    def push(records, epoch):
+        op.push(records, epoch, C0)
+        for k, v in records:
+            counts[k] += v
+
+    push([(f"k{i}", 1) for i in range(20)], 0)  # 20 updates of 20 new keys: not more
+    u = op.take_updates()
+    assert not u.full and sum(n for n, _ in u.pairs) == 20
+    store.append(1, {"c": u})
+    push([(f"k{i % 5}", 1) for i in range(30)], 1)  # 50 updates since, of 20 keys
+    u = op.take_updates()
+    assert u.full and not u.keys and [n for n, _ in u.pairs] == [20]
+    store.append(2, {"c": u})
+    push([("k1", 4), ("new", 1)], 2)
+    store.append(3, {"c": op.take_updates()})
+    assert store.load("c") == dict(counts)
+    assert [lo for lo, _, _ in store.runs("c")] == [2, 3], "a load reads from the full run on"
+    assert store.load("c", as_of=1) == {f"k{i}": 1 for i in range(20)}
+    # values whose type must come back (tuples): the changed keys, never the state whole
+    q = ns.Pipeline("q")
+    op = make_op(source(q, "s").key_by(lambda r: r[0]).aggregate(tuple, lambda a, v: (*a, v), name="t").node)
+    wire(op, CHANNELS)
+    track(op)
+    op.push([(f"t{i % 3}", i) for i in range(30)], 0, C0)
+    u = op.take_updates()
+    assert not u.full and sorted(u.keys) == ["t0", "t1", "t2"]
+    store.append(4, {"t": u})
+    assert store.load("t") == {f"t{j}": tuple(range(j, 30, 3)) for j in range(3)}
     store.close()
