@@ -281,10 +281,11 @@ class Persister(threading.Thread):
         if records:
             s.remote.upload(start + 1, records)
         with s._cond:
+            # before the durable point moves: a caller that saw it move sees the upload's time
+            self._uploaded_at = time.monotonic()
             s._durable_remote = s.remote.durable()
             s.stats.uploaded_bytes += sum(len(r.packed) for r in records)
             s._cond.notify_all()
-        self._uploaded_at = time.monotonic()
         self.drop_log()
 
     def drop_log(self) -> None:

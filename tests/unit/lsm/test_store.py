@@ -1142,6 +1142,7 @@ def test_a_full_compaction_leaves_no_log_the_disk_tier_covers(open_store: OpenSt
     sealed and deleted then, not kept until it fills; the next append starts a new one."""
     s = open_store(retention=0, merge_fanout=2, budget=0)
     append_all(s, HISTORY)
+    s.flush("disk", timeout=TIMEOUT_S)  # logged: the persister writes the log in the background
     assert s.disk_bytes()["log"] > 0
     s.compact()
     assert s.disk_bytes()["log"] == 0
