@@ -155,8 +155,10 @@ def test_the_interval_stretches_over_budget_and_shrinks_back(tmp_path):
         step_and_poll(hooks, worker, since_s=stretched)
         assert hooks.snapshots == 2
         settle(hooks, worker)
-        # that one changed nothing but a step: it cost far less, and the interval came back down
-        assert hooks.interval_s < stretched / 10
+        # that one changed nothing but a step: it cost far less, and the interval came back
+        # down (its cost also carries the persister's indexing of the first one in LevelDB,
+        # done in the background once the first was durable: a few ms against the first's tens)
+        assert hooks.interval_s < stretched / 3
         assert hooks.intervals[-2:] == [stretched, hooks.interval_s]
     finally:
         hooks.store.close()
