@@ -13,7 +13,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lsm.errors import StoreLockedError
 
@@ -26,23 +26,30 @@ def write(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def writev(fd: int, parts: list[bytes]) -> None:
-    """Writes `parts` laid end to end at the file's position (gathered by the kernel, not
-    copied here), or raises OSError."""
+def _write_parts(parts: list, write_chunk: Callable[[list, int], int]) -> None:
+    """Writes `parts` laid end to end through `write_chunk(chunk, done)` (a gathering write of
+    at most IOV_MAX parts, `done` bytes after the first; returns the bytes it wrote), again
+    from where a short write stopped."""
     limit = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-    i = 0
+    i = done = 0
     while i < len(parts):
         chunk = parts[i : i + limit]
-        n = os.writev(fd, chunk)
+        n = write_chunk(chunk, done)
+        done += n
         for p in chunk:
             if n >= len(p):
                 n -= len(p)
                 i += 1
                 continue
             # a short write: the rest of this part, then on from the next one
-            write(fd, memoryview(p)[n:])
-            i += 1
+            parts = [*parts[:i], memoryview(p)[n:], *parts[i + 1 :]]
             break
+
+
+def writev(fd: int, parts: list[bytes]) -> None:
+    """Writes `parts` laid end to end at the file's position (gathered by the kernel, not
+    copied here), or raises OSError."""
+    _write_parts(parts, lambda chunk, _done: os.writev(fd, chunk))
 
 
 _RWF_DSYNC = getattr(os, "RWF_DSYNC", None) if hasattr(os, "pwritev") else None
@@ -59,20 +66,7 @@ def write_durable(fd: int, parts: list[bytes], offset: int) -> None:
         writev(fd, parts)
         fsync(fd)
         return
-    limit = os.sysconf("SC_IOV_MAX")
-    i = 0
-    while i < len(parts):
-        chunk = parts[i : i + limit]
-        n = os.pwritev(fd, chunk, offset, _RWF_DSYNC)
-        offset += n
-        for p in chunk:
-            if n >= len(p):
-                n -= len(p)
-                i += 1
-                continue
-            # a short write: the rest of this part, then on from the next one
-            parts = [*parts[:i], memoryview(p)[n:], *parts[i + 1 :]]
-            break
+    _write_parts(parts, lambda chunk, done: os.pwritev(fd, chunk, offset + done, _RWF_DSYNC))
 
 
 def lock_directory(path: str) -> int:
