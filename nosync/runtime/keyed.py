@@ -21,6 +21,7 @@ from nosync.runtime.operators import EOS, Op
 
 _MISSING = object()
 MISSING_STATE = object()
+"""What a lazy loader returns for a key without saved state."""
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 """Values plain msgpack gives back as they were."""
 _PAIRS = msgpack.Packer(use_bin_type=True)

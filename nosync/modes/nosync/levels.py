@@ -207,11 +207,16 @@ class Levels:
         now = time.monotonic()
         if self._paced_at is not None and now - self._paced_at < PACE_EVERY_S:
             return
-        st = self.store.stats
-        spent = st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s + self.snapshot_cpu_s
+        spent = self.background_cpu_s() + self.snapshot_cpu_s
         if self._paced_at is not None:
             self._pace_levels((spent - self._paced_spent) / (now - self._paced_at))
         self._paced_at, self._paced_spent = now, spent
+
+    def background_cpu_s(self) -> float:
+        """The time persistence took off the snapshots' own path: the store's persister and
+        merges, and the sends to the holders."""
+        st = self.store.stats
+        return st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s
 
     def _pace_levels(self, share: float) -> None:
         """Lets the levels beyond the one a snapshot waits for fall behind, or catch up, by the

@@ -241,7 +241,7 @@ class Snapshots:
         self.snap_point = p.snapshot
         now = time.monotonic()
         st = self.store.stats
-        spent = st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s
+        spent = self.background_cpu_s()
         cost = p.cost + max(0.0, spent - self._cost_base)
         self._cost_base = spent
         self.persist_s_total += cost
