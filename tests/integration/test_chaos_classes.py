@@ -36,26 +36,34 @@ CLASS_PARAMS = {"reachability": {"vertices": "60000", "seed": "3"}, "keyed_count
 """Sizes for one kill at W = 3 (the process grid's are for three); the loops' soak graph."""
 
 
-def test_a_lost_machine_under_nosync_with_the_replicated_level_is_exactly_once(tmp_path):
+def lost_machine(tmp_path, seed: int, options: dict) -> tuple[dict, dict]:
+    """`nosync chaos` of keyed_count under nosync, W = 3, one lost machine with `options`:
+    judged exactly-once, the one kill made and the victim's disk wiped before its retry.
+    Returns the result and the chaos run's summary."""
     r = chaos(
         KEYED_COUNT,
         "nosync",
         3,
         1,
-        seed=1,
+        seed=seed,
         params=SMALL,
         out=str(tmp_path / "chaos"),
-        options={"checkpoint_tier": "replicated"},
+        options=options,
         timeout=300,
         failure="machine",
     )
     assert r["deterministic"], r
     assert r["kills"] == 1 and r["killed"][0]["wiped_before_retry"] == [True], r
     assert "run_failed" not in r, r["run_failed"]
-    assert (r["lost"], r["duplicated"], r["recoveries"]) == (0, 0, 1), r
-    assert r["exactly_once"] is True
+    assert (r["lost"], r["duplicated"], r["exactly_once"]) == (0, 0, True), r
     with open(os.path.join(r["chaos"], "summary.json"), encoding="utf-8") as f:
-        (rec,) = json.load(f)["recoveries"]
+        return r, json.load(f)
+
+
+def test_a_lost_machine_under_nosync_with_the_replicated_level_is_exactly_once(tmp_path):
+    r, summary = lost_machine(tmp_path, 1, {"checkpoint_tier": "replicated"})
+    assert r["recoveries"] == 1, r
+    (rec,) = summary["recoveries"]
     victim = str(r["killed"][0]["workers"][0])
     assert rec["restored_from"] == {victim: "replica"}, rec
     assert rec["restored_step"] > 0, "the retry found nothing to restore: the wipe took what it restores from"
@@ -110,21 +118,5 @@ def test_levels_that_fell_behind_the_budget_still_recover_a_lost_machine(tmp_pat
     """Replicated + remote with a budget so small that the levels beyond the remote tier fall
     behind (the disk tier's indexing, then the sends to the holder): a lost machine is still
     recovered exactly-once, from the holder's copy, which lags what the remote tier has."""
-    r = chaos(
-        KEYED_COUNT,
-        "nosync",
-        3,
-        1,
-        seed=4,
-        params=SMALL,
-        out=str(tmp_path / "chaos"),
-        options={"checkpoint_tier": "remote", "replicas": 1, "persist_budget": 0.002},
-        timeout=300,
-        failure="machine",
-    )
-    assert r["deterministic"] and "run_failed" not in r, r
-    assert r["kills"] == 1 and r["killed"][0]["wiped_before_retry"] == [True], r
-    assert (r["lost"], r["duplicated"], r["exactly_once"]) == (0, 0, True), r
-    with open(os.path.join(r["chaos"], "summary.json"), encoding="utf-8") as f:
-        summary = json.load(f)
+    _, summary = lost_machine(tmp_path, 4, {"checkpoint_tier": "remote", "replicas": 1, "persist_budget": 0.002})
     assert summary["level_gap_ms_max"].get("disk", 0) > 0, summary["level_gap_ms_max"]

@@ -594,15 +594,13 @@ def test_output_epochs_are_the_running_max(pushes):
     assert [e for _, e in out.batches] == expected
 
 
-def test_a_count_logs_pairs_while_keys_are_new_and_changed_keys_while_they_repeat(tmp_path):
-    """An aggregate of ints logs its updates as pairs; an interval that updated its keys more
-    than twice each on average makes it note changed keys instead, and an interval whose keys
-    are mostly new makes it log pairs again. The store holds the same counts either way."""
+def counting(tmp_path):
+    """An aggregate counting per key, tracked for persistence; the counts pushed to it, kept
+    apart; a store; and `push(records, epoch)`, which feeds both."""
     p = ns.Pipeline("p")
     op = make_op(source(p, "s").key_by(lambda r: r[0]).aggregate(lambda: 0, lambda a, v: a + v, name="c").node)
     wire(op, CHANNELS)
     track(op)
-    op.full_after = math.inf  # changes only: the state taken whole is the next test's
     counts: collections.Counter = collections.Counter()
     store = lsm.Store(str(tmp_path / "s"))
 
@@ -610,6 +608,16 @@ def test_a_count_logs_pairs_while_keys_are_new_and_changed_keys_while_they_repea
         op.push(records, epoch, C0)
         for k, v in records:
             counts[k] += v
+
+    return op, counts, store, push
+
+
+def test_a_count_logs_pairs_while_keys_are_new_and_changed_keys_while_they_repeat(tmp_path):
+    """An aggregate of ints logs its updates as pairs; an interval that updated its keys more
+    than twice each on average makes it note changed keys instead, and an interval whose keys
+    are mostly new makes it log pairs again. The store holds the same counts either way."""
+    op, counts, store, push = counting(tmp_path)
+    op.full_after = math.inf  # changes only: the state taken whole is the next test's
 
     def snapshot(seq):
         u = op.take_updates()
@@ -640,17 +648,7 @@ def test_a_count_whose_updates_outnumber_its_keys_is_taken_whole(tmp_path):
     snapshot writes every live key as one full run (a restore reads it alone); a state whose
     values are not plain msgpack is written as its changed keys instead. The store holds the
     counts either way, and a load reads the full run and what came after it only."""
-    p = ns.Pipeline("p")
-    op = make_op(source(p, "s").key_by(lambda r: r[0]).aggregate(lambda: 0, lambda a, v: a + v, name="c").node)
-    wire(op, CHANNELS)
-    track(op)
-    counts: collections.Counter = collections.Counter()
-    store = lsm.Store(str(tmp_path / "s"))
-
-    def push(records, epoch):
-        op.push(records, epoch, C0)
-        for k, v in records:
-            counts[k] += v
+    op, counts, store, push = counting(tmp_path)
 
     push([(f"k{i}", 1) for i in range(20)], 0)  # 20 updates of 20 new keys: not more
     u = op.take_updates()
