@@ -280,17 +280,7 @@ class Coordinator:
                 t = time.time()
                 with self._lock:
                     counts = sorted(self.counters.items())
-                self.progress_rows.extend(
-                    {
-                        "t": t,
-                        "worker": w,
-                        "attempt": int(c.get("attempt", 0)),
-                        "positioned": bool(c.get("positioned", True)),
-                        "read": int(c.get("read", 0)),
-                        "committed": int(c.get("committed", 0)),
-                    }
-                    for w, c in counts
-                )
+                self.progress_rows.extend(_progress_row(t, w, c) for w, c in counts)
                 if now - self._last_progress_event >= PROGRESS_EVENT_S and not self.finished and self.failure is None:
                     self._last_progress_event = now
                     read = sum(int(c.get("read") or 0) for _, c in counts)
@@ -321,6 +311,12 @@ class Coordinator:
         if self.finished or self.failure is not None:
             return
         self.event("worker_lost", worker=w, attempt=self.attempts.get(w, 0), reason=reason)
+        with self._lock:
+            last = dict(self.counters.get(w, {}))
+        if last:
+            # its position at the loss, as the recovery's read_at_loss counts it: the series
+            # sampled every PROGRESS_S may not have caught its last report
+            self.progress_rows.append(_progress_row(time.time(), w, last))
         self.mode.on_worker_lost(self, w, self.attempts.get(w, 0), reason)
 
     def _send(self, conn: channels.Connection, msg: control.Message) -> None:
@@ -431,3 +427,15 @@ class Coordinator:
 
 
 __all__ = ["Coordinator", "RunFailed"]
+
+
+def _progress_row(t: float, worker: int, c: dict) -> dict:
+    """One row of progress.parquet: a worker's records read and committed at time t."""
+    return {
+        "t": t,
+        "worker": worker,
+        "attempt": int(c.get("attempt", 0)),
+        "positioned": bool(c.get("positioned", True)),
+        "read": int(c.get("read", 0)),
+        "committed": int(c.get("committed", 0)),
+    }

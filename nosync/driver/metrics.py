@@ -74,7 +74,7 @@ def add_recovery_times(
     """Adds `back_to_90_s` to each recovery, from the progress samples (t: seconds since
     `launched`, read: records read so far), and `caught_up_s` from the per-worker ones (t: wall
     time, worker, read): loss to the first sample in which every worker has read again at least
-    what it had read in the last sample before the loss (None: the run ended first). A worker a
+    what it had read in its last sample before the loss (None: the run ended first). A worker a
     mode did not set back (a survivor in nosync) is caught up throughout; one it did, the lost
     one or every one in a rollback, once it has redone its work."""
     _add_caught_up(recoveries, per_worker or [])
@@ -110,10 +110,10 @@ def _add_caught_up(recoveries: list[dict], rows: list[dict]) -> None:
     for rec in recoveries:
         lost = rec["lost_at"]
         rec["caught_up_s"] = None
-        before = [t for t in times if t < lost]
-        if not before:
+        # each worker's last report before the loss (the lost one's is also recorded at the loss)
+        need = {w: r["read"] for t in times if t < lost for w, r in by_t[t].items()}
+        if not need:
             continue
-        need = {w: r["read"] for w, r in by_t[before[-1]].items()}
         start = max(lost, rec.get("restored_at", lost))
         for t in times:
             if t <= start:

@@ -73,7 +73,11 @@ def original_abs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def original_nosync(tmp_path_factory):
-    return run_keyed_count(tmp_path_factory.mktemp("rewind-nosync"), "nosync", ABS_RECORDS, "--persist-ms", "50")
+    # the whole run processes in about a second: at the default budget its snapshots stretch
+    # apart to a few, and a slow machine may leave no cut with a frame in flight; at budget 1
+    # each worker snapshots every 50 ms or its snapshot's cost, whichever is longer
+    base = tmp_path_factory.mktemp("rewind-nosync")
+    return run_keyed_count(base, "nosync", ABS_RECORDS, "--persist-ms", "50", "--persist-budget", "1")
 
 
 def cuts(run_dir) -> list[tuple[int, int, int]]:
