@@ -419,6 +419,9 @@ def test_recovery_from_the_remote_tier_when_the_disk_tier_is_gone(tmp_path):
     store = run_dir / "state" / "w1" / "nosync"
     try:
         safe_points(events, proc, 10)
+        # safe points come with lineage points, before any snapshot: the restore under test
+        # needs worker 1's first snapshot durable at the remote tier
+        wait_event(events, proc, lambda e: snapshot_of(e, 1), 120, "worker 1's snapshot")
         os.kill(events.pid_of(1), signal.SIGKILL)
         for tier in ("disk", "log"):
             shutil.rmtree(store / tier)
