@@ -163,8 +163,12 @@ class _LogsOutput(KeyedOp):
 
     Once the updates since the state was last taken whole outnumber its keys (FULL_AFTER),
     the next snapshot takes it whole instead (`take_full`: one run of every live key, which
-    a restore reads alone), and the updates until then are noted as changed keys only (the
-    fallback when a value is not plain msgpack)."""
+    a restore reads alone), and the updates until then are not noted at all: processing a
+    record then costs nothing here. So does the next interval's, when the one before had
+    more updates than keys. That holds once the state was taken whole before: until then
+    (and after a restore) the updates are noted as changed keys meanwhile, in case it cannot
+    be (a value not plain msgpack, a restore still loading it). Should it not be after all,
+    every key counts as changed, once."""
 
     full_after = FULL_AFTER
     """FULL_AFTER for this operator (math.inf: never taken whole)."""
@@ -179,6 +183,10 @@ class _LogsOutput(KeyedOp):
         self.full_due = False
         """Whether the next snapshot takes the whole state: the updates after it are noted as
         changed keys (in case the state cannot be taken whole), not packed."""
+        self._whole_ok = False
+        """Whether the last try to take the state whole succeeded (none since a restore: not
+        yet). Only then are the updates not noted while the next one is due (a state of
+        tuples, never taken whole, notes them always)."""
         self._plain = False
         """Whether every value of the state is known to be plain msgpack: it was when last
         taken whole, and every batch since was checked to be (so `take_full` need not look)."""
@@ -190,10 +198,15 @@ class _LogsOutput(KeyedOp):
         self._since_full += len(out)
         if not self.full_due and self._since_full > self.full_after * len(self.state):
             self.full_due = True
+        if self.full_due and self._whole_ok:
+            # the next snapshot takes the state whole: nothing to note per record meanwhile
+            # (should it not, every key counts as changed); the values are checked then
+            self._plain = False
+            return
         plain = not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN
         if not plain:
             self._plain = False
-        if plain and not self.full_due:
+        if plain:
             try:
                 # a map, not an array of pairs: half the packing, and decoded straight into a dict
                 self.pairs.append((len(out), _PAIRS.pack_map_pairs(out)))
@@ -205,8 +218,14 @@ class _LogsOutput(KeyedOp):
     def take_full(self) -> Updates | None:
         """The whole state as one run of every live key (`Updates(full=True)`), packed by one
         msgpack call, forgetting the updates collected; None, and nothing forgotten, when a
-        value is not plain msgpack (its type would not come back)."""
+        value is not plain msgpack (its type would not come back) or the state is not all here
+        (a restore still loading it: the keys not loaded yet are live too).
+
+        When the interval just ended had more updates than the state has keys, the next
+        snapshot takes the state whole too, and the updates until then are not noted at all."""
         state = self.state
+        if self.loader is not None:
+            return None
         if not self._plain and not set(map(type, state.values())) <= _PLAIN:
             return None
         try:
@@ -214,10 +233,12 @@ class _LogsOutput(KeyedOp):
         except (OverflowError, ValueError, TypeError):
             _PAIRS.reset()
             return None
+        again = self._noted > self.full_after * len(state)
         self.dirty = set()
         self.pairs = []
         self._noted = self._since_full = 0
-        self.full_due = False
+        self.full_due = again
+        self._whole_ok = True
         self._plain = True
         return Updates([], [], [(len(state), packed)], True, full=True)
 
@@ -226,7 +247,11 @@ class _LogsOutput(KeyedOp):
             full = self.take_full()
             if full is not None:
                 return full
+            if self._whole_ok:
+                # the updates since full_due were not noted: every key counts as changed
+                self.dirty = set(self.state)
             self.full_due = False
+            self._whole_ok = False
             self._since_full = 0
         logged = sum(n for n, _ in self.pairs)
         noted, self._noted = self._noted, 0
@@ -243,6 +268,7 @@ class _LogsOutput(KeyedOp):
         super().forget_updates()
         self._noted = 0
         self._plain = False  # a restore replaces the state: its values are checked again
+        self._whole_ok = False
 
 
 class ReduceOp(_LogsOutput):

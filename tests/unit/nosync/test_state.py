@@ -35,7 +35,7 @@ from nosync import codec
 from nosync.errors import RunFailed
 from nosync.modes.abs import RETENTION, STATE, restore_keyed, take_keyed
 from nosync.runtime.graph import make_op
-from nosync.runtime.keyed import JoinOp
+from nosync.runtime.keyed import MISSING_STATE, JoinOp
 from nosync.runtime.operators import EOS
 from nosync.state import checkpoints
 
@@ -658,10 +658,17 @@ def test_a_count_whose_updates_outnumber_its_keys_is_taken_whole(tmp_path):
     u = op.take_updates()
     assert u.full and not u.keys and [n for n, _ in u.pairs] == [20]
     store.append(2, {"c": u})
+    # the interval before had more updates (30) than keys (20): the next is taken whole too
     push([("k1", 4), ("new", 1)], 2)
-    store.append(3, {"c": op.take_updates()})
+    u = op.take_updates()
+    assert u.full and [n for n, _ in u.pairs] == [21]
+    store.append(3, {"c": u})
+    push([("k2", 1)], 3)  # 2 updates in the interval before: changes again
+    u = op.take_updates()
+    assert not u.full and sum(n for n, _ in u.pairs) == 1
+    store.append(4, {"c": u})
     assert store.load("c") == dict(counts)
-    assert [lo for lo, _, _ in store.runs("c")] == [2, 3], "a load reads from the full run on"
+    assert [lo for lo, _, _ in store.runs("c")] == [3, 4], "a load reads from the full run on"
     assert store.load("c", as_of=1) == {f"k{i}": 1 for i in range(20)}
     # values whose type must come back (tuples): the changed keys, never the state whole
     q = ns.Pipeline("q")
@@ -671,6 +678,43 @@ def test_a_count_whose_updates_outnumber_its_keys_is_taken_whole(tmp_path):
     op.push([(f"t{i % 3}", i) for i in range(30)], 0, C0)
     u = op.take_updates()
     assert not u.full and sorted(u.keys) == ["t0", "t1", "t2"]
-    store.append(4, {"t": u})
+    store.append(5, {"t": u})
     assert store.load("t") == {f"t{j}": tuple(range(j, 30, 3)) for j in range(3)}
+    store.close()
+
+
+def test_a_state_still_loading_is_not_taken_whole(tmp_path):
+    """A restore that loads its state in the background: until it is installed, the state
+    holds only the keys records touched, so a snapshot then writes their changes, never a
+    full run (which would hide every key not loaded yet)."""
+    op, counts, store, push = counting(tmp_path)
+    push([(f"k{i}", 1) for i in range(100)], 0)
+    store.append(1, {"c": op.take_updates()})
+    restored_op, _, _, _ = counting(tmp_path / "again")
+    restored_op.lazy(lambda key: store.get("c", key, default=MISSING_STATE), raw=True)
+    restored_op.push([(f"k{i % 3}", 1) for i in range(30)], 1, C0)  # 30 updates of 3 keys
+    for i in range(3):
+        counts[f"k{i}"] += 10
+    u = restored_op.take_updates()
+    assert not u.full
+    store.append(2, {"c": u})
+    assert store.load("c") == dict(counts)
+    store.close()
+
+
+def test_updates_are_not_noted_while_the_state_is_to_be_taken_whole(tmp_path):
+    """Once the state was taken whole and the next snapshot takes it whole again, processing
+    notes nothing per record (no pairs, no changed keys); should that snapshot find a value it
+    cannot take whole, it writes every key with its value then, and the store still holds
+    every count."""
+    op, counts, store, push = counting(tmp_path)
+    push([(f"k{i % 10}", 1) for i in range(40)], 0)
+    store.append(1, {"c": op.take_updates()})  # more updates than keys since the start: whole
+    push([(f"k{i % 10}", 1) for i in range(40)], 1)  # 40 updates: the next is whole too
+    assert not op.pairs and not op.dirty
+    op.state["k3"] = counts["k3"] = (1, 2)  # a tuple must come back: not taken whole
+    u = op.take_updates()
+    assert not u.full and sorted(u.keys) == sorted(counts)
+    store.append(2, {"c": u})
+    assert store.load("c") == dict(counts)
     store.close()
