@@ -53,6 +53,11 @@ class WorkerHooks:
         """Whether sources may be read now (a mode may hold them back: persistence backpressure)."""
         return True
 
+    def peers_up(self, worker: Worker) -> bool:
+        """Whether every peer is up and running with this worker (a mode that recovers a worker
+        alone says no while one is away or catching up: the others then read on)."""
+        return True
+
     def on_peer_down(self, worker: Worker, peer: int, attempt: int | None = None) -> None:
         """The connections with attempt `attempt` (None: any) of worker `peer`, and with its
         earlier attempts, dropped (modes that recover); a newer attempt's may remain."""

@@ -54,6 +54,12 @@ from nosync.runtime.router import FeedbackRouter, Router
 log = logging.getLogger("nosync.runtime.worker")
 
 MAX_BACKLOG_FRAMES = 2 * channels.INITIAL_CREDITS
+MAX_EPOCHS_AHEAD = 16
+"""How many epochs a worker's sources may read past the least epoch its peers have closed on
+their exchange channels to it, while every peer is up: a worker that reads faster than a peer
+only stages output that no sink can commit before the peer's epochs, so without this bound
+the gap between workers (and the latency of committed output) grows for as long as the run
+lasts."""
 
 
 class Clock:
@@ -435,6 +441,13 @@ class Worker(Links):
         active_sources = [s for s in self.sources if not s.finished]
         start = time.time()
         hooks = self.hooks
+        peer_inputs = [
+            (op, ch)
+            for op in self.ops
+            if not op.node.params.get("loop_internal")
+            for ch in op.inputs
+            if isinstance(ch, tuple) and ch[0] == "x" and ch[2] != self.index
+        ]
         while not self._finish:
             backlog = max((c.backlog for c in self.out.values()), default=0)
             busy = (
@@ -442,6 +455,7 @@ class Worker(Links):
                 and backlog < MAX_BACKLOG_FRAMES
                 and not any(h.full for h in self.heads)
                 and hooks.may_read(self)
+                and not self._ahead_of_peers(active_sources, peer_inputs)
             )
             self.pump(0 if busy else 0.002)
             if busy:
@@ -460,6 +474,14 @@ class Worker(Links):
                 self.send_ctrl(control.Done(self.gen, self.metrics(), time.time() - start))
                 self._done_sent = True
             self.keepalive()
+
+    def _ahead_of_peers(self, sources: list, peer_inputs: list) -> bool:
+        """Whether `sources` are more than MAX_EPOCHS_AHEAD epochs past the least epoch closed on
+        an exchange channel from a peer (`peer_inputs`: operator, channel), every peer being up."""
+        if not peer_inputs or not self.hooks.peers_up(self):
+            return False
+        low = min(op.inputs.get(ch, EOS) for op, ch in peer_inputs)
+        return min(s.epoch for s in sources) - low > MAX_EPOCHS_AHEAD
 
     def inc_finished(self, j: int) -> bool:
         """Whether every exchange input from worker `j` has ended (EOS) on every operator."""

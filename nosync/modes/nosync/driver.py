@@ -93,6 +93,7 @@ class NosyncMode(Mode):
             return
         if msg.get("op") == NosyncOp.REPLAYED:
             self.replaying.discard(worker)
+            self.changed = True  # the others learn it is back (`away`) with the next points
             done = self.recovering.pop(worker, None)
             if done is not None:
                 done["replayed_at"] = time.time()
@@ -152,7 +153,10 @@ class NosyncMode(Mode):
             self.safe = s
             self.safe_rows.append({"t": time.time(), "safe_point": s})
             coord.event("safe_point", epoch=s)
-        coord.broadcast(control.mode_message(NosyncOp.POINTS, points=self.points, safe=self.safe, gen=coord.gen))
+        away = sorted({*self.recovering, *self.replaying})
+        coord.broadcast(
+            control.mode_message(NosyncOp.POINTS, points=self.points, safe=self.safe, away=away, gen=coord.gen)
+        )
 
     def on_worker_lost(self, coord: Any, worker: int, attempt: int, reason: str) -> None:
         """Recovers the lost worker alone while the others go on; a second loss meanwhile makes

@@ -27,19 +27,14 @@ persister in the background (the processing thread never waits, except past
   committed. A sink commits a pre-commit once it is durable and the safe point (the least
   durable frontier over the workers) passes its epochs. Commit latency is a few milliseconds,
   whatever the snapshot interval;
-- a **snapshot**, every `persist_ms` or later (below): a keyed operator's changed keys since the
+- a **snapshot**, every `persist_ms` or later (`snapshots.py`): a keyed operator's changed keys since the
   last one as one run (`take_updates`, one C pass), the residue of the output log, the
   records in the exchange buffers (they are not flushed), a pre-commit of everything staged,
   and the metadata (frontiers, source positions, frame counters, lineage held for others). A
   snapshot bounds what a recovery re-executes, and what peers keep: output logs and lineage
   are trimmed by the receivers' durable snapshots.
 
-Persistence runs as resources permit: its share of the worker's time (the snapshot's work on
-this thread plus the store's encoding, logging, indexing and merging) is held under
-`persist_budget`. After each snapshot is durable, the next interval is what that snapshot cost
-divided by the budget, and never less than `persist_ms`: the interval stretches under load
-(a longer recovery span) and shrinks back when there is room. While a snapshot is not yet
-durable, no other is taken (`max_concurrent_snapshots`): the keys changed meanwhile coalesce.
+Persistence runs as resources permit (`snapshots.py`).
 """
 
 from __future__ import annotations
@@ -77,15 +72,12 @@ CONSUMED, READ, FLUSHED = Step.CONSUMED.value, Step.READ.value, Step.FLUSHED.val
 """The kinds of the steps taken per frame, chunk and buffer, as plain strings: every frame's
 header carries entries, and msgpack packs a str subclass (an enum member) on its slow path."""
 HEADER_LINEAGE = 1500
-"""Lineage entries a frame's header carries at most, over all origins: an entry packs to 31
-bytes at most, so the header stays within its bound (frames.MAX_HEADER). More than that (a
-backlog: a peer that reconnected, a link that carries little) go in a LINEAGE frame of their
-own just before the frame, in order on the same link, so the receiver holds every entry the
-frame depends on before it processes it."""
+"""Lineage entries a frame's header carries at most, over all origins (an entry packs to 31
+bytes at most: within frames.MAX_HEADER). More (a backlog) go in a LINEAGE frame just before
+the frame, on the same link, so the receiver holds every entry the frame depends on first."""
 AHEAD_RECORDS = 500_000
-"""Records a replaying worker holds credited, of the frames its peers send meanwhile: they go on
-at full speed while it replays (about 50 MB held). Beyond it, a frame that arrives waits for its
-credit until the replay processes it."""
+"""Records a replaying worker holds credited, of the frames its peers send meanwhile (about 50
+MB), so that they go on at full speed; beyond it, a frame waits for its credit."""
 
 
 class NosyncHooks(Snapshots, Levels, WorkerHooks):
@@ -160,6 +152,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self.fps: dict[int, dict[int, int]] = {}
         self.up: dict[int, bool] = {}
         self.resumed: dict[int, bool] = {}
+        self.away: set[int] = set()  # lost, restoring or replaying, as the coordinator last said
         self.resume_from: dict[int, int] = {}
         self.lineage_attempt: dict[int, int | None] = {}
         """Per peer, the attempt whose LINEAGE frame set `resumed` and `resume_from`."""
@@ -391,6 +384,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             self._on_points(worker, message)
         elif op == NosyncOp.LOST:
             j = int(message["worker"])
+            self.away.add(j)
             if j != worker.index:
                 # the connections of the lost attempt go (not one a new attempt already opened)
                 worker.peer_down(j, int(message.get("attempt", 0)))
@@ -425,6 +419,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
                     for s in [s for s in fp if s <= prod]:
                         del fp[s]
         self.safe = int(message.get("safe", -1))
+        self.away = set(message.get("away", ()))
         self._commit_safe(worker)
 
     def _commit_safe(self, worker: Worker) -> None:
@@ -454,6 +449,10 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         if self._stall_from is None:
             self._stall_from = time.perf_counter()
         return False
+
+    def peers_up(self, worker: Worker) -> bool:
+        """No worker away (lost, restoring, replaying) and every link up; until then all read on."""
+        return not self.away and not self.replaying and all(self.up.get(j) for j in worker.out)
 
     def can_finish(self, worker: Worker) -> bool:
         """Whether every step is in a lineage point, no append awaits durability, the sinks

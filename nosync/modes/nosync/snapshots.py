@@ -1,7 +1,15 @@
 """The durability half of a nosync worker (`NosyncHooks`, which holds the state): lineage
 points every few milliseconds and snapshots as the persistence budget permits, appended to the
 worker's store in the background; a point or snapshot that became durable moves the worker's
-durable point, trims the output logs of its peers and lets sinks commit."""
+durable point, trims the output logs of its peers and lets sinks commit.
+
+Persistence runs as resources permit: its share of the worker's time (the snapshot's work on
+this thread plus the store's encoding, logging, indexing and merging) is held under
+`persist_budget`. After each snapshot is durable, the next interval is what that snapshot cost
+divided by the budget, and never less than `persist_ms`: the interval stretches under load
+(a longer recovery span) and shrinks back when there is room. While a snapshot is not yet
+durable, no other is taken (`max_concurrent_snapshots`): the keys changed meanwhile coalesce.
+"""
 
 from __future__ import annotations
 
