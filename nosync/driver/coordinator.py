@@ -426,9 +426,6 @@ class Coordinator:
         self.broadcast(control.Peers(self.gen, peers, extra))
 
 
-__all__ = ["Coordinator", "RunFailed"]
-
-
 def _progress_row(t: float, worker: int, c: dict) -> dict:
     """One row of progress.parquet: a worker's records read and committed at time t."""
     return {
@@ -439,3 +436,6 @@ def _progress_row(t: float, worker: int, c: dict) -> dict:
         "read": int(c.get("read", 0)),
         "committed": int(c.get("committed", 0)),
     }
+
+
+__all__ = ["Coordinator", "RunFailed"]

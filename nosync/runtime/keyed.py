@@ -181,8 +181,9 @@ class _LogsOutput(KeyedOp):
         self._since_full = 0
         """Updates logged or noted since the state was last taken whole (`take_full`)."""
         self.full_due = False
-        """Whether the next snapshot takes the whole state: the updates after it are noted as
-        changed keys (in case the state cannot be taken whole), not packed."""
+        """Whether the next snapshot takes the whole state: the updates after it are not packed;
+        they are noted as changed keys (in case the state cannot be taken whole) unless a take
+        succeeded before (`_whole_ok`), and then not noted at all."""
         self._whole_ok = False
         """Whether the last try to take the state whole succeeded (none since a restore: not
         yet). Only then are the updates not noted while the next one is due (a state of
@@ -206,7 +207,7 @@ class _LogsOutput(KeyedOp):
         plain = not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN
         if not plain:
             self._plain = False
-        if plain:
+        if plain and not self.full_due:
             try:
                 # a map, not an array of pairs: half the packing, and decoded straight into a dict
                 self.pairs.append((len(out), _PAIRS.pack_map_pairs(out)))
