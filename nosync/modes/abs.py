@@ -234,6 +234,10 @@ class AbsHooks(WorkerHooks):
             for src in worker.sources:
                 self._snapshot(src, n)
                 src.forward_event(ev)
+            if n not in self.aborted:
+                # the sources' positions in the checkpoint (a restore reads on from them), not
+                # what they have read by the time it is acknowledged
+                self._entry(n)["read"] = sum(s.records_in for s in worker.sources)
         elif op == AbsOp.COMPLETE:
             for s in worker.sinks:
                 s.commit_checkpoint(n)
@@ -321,7 +325,7 @@ class AbsHooks(WorkerHooks):
                     gen=worker.gen,
                     ops=p["ops"],
                     instances=p["instances"],
-                    read=sum(s.records_in for s in worker.sources),
+                    read=p.get("read", sum(s.records_in for s in worker.sources)),
                 )
             )
 
@@ -505,10 +509,11 @@ class AbsMode(Mode):
         if self.recoveries and "checkpoint" not in self.recoveries[-1]:
             r = self.recoveries[-1]
             r["checkpoint"] = c
-            # per worker, read at the loss less read at the checkpoint: a survivor's read is
-            # exact (sent when it rejoined), the lost worker's from its last heartbeat (a
-            # lower bound, by up to one heartbeat interval)
+            # per worker, read at the loss less its sources' positions in the checkpoint: a
+            # survivor's read is exact (sent when it rejoined), the lost worker's from its last
+            # heartbeat (a lower bound, by up to one heartbeat interval)
             at_c = self.read_at.get(c, {})
+            r["read_restored"] = {str(w): n for w, n in sorted(at_c.items())}
             now = {**r["read_at_loss"], **coord.read_at_rejoin}
             r["records_reprocessed"] = sum(max(0, now.get(w, 0) - at_c.get(w, 0)) for w in range(coord.workers))
         coord.event("restore", checkpoint=c)

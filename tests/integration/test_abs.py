@@ -97,6 +97,34 @@ def test_two_kills_close_together(tmp_path):
     assert len(summary["recoveries"]) == 2
 
 
+def test_records_read_again_count_from_the_sources_positions_in_the_checkpoint(tmp_path):
+    """A recovery counts what each worker reads again from its sources' positions as the
+    restored checkpoint holds them (its file, written by the sources' snapshots), not from
+    what they had read by the time the checkpoint was acknowledged."""
+    from nosync.state import checkpoints
+
+    records, keys = 3_000_000, 50_000
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    proc = start_run(run_dir, "--checkpoint-ms", "300", records=records, keys=keys, out=out)
+    events = Events(str(run_dir / "events.jsonl"))
+    try:
+        for _ in range(3):
+            wait_event(events, proc, lambda e: e["event"] == "checkpoint_completed", 180, "three checkpoints")
+        os.kill(events.pid_of(1), signal.SIGKILL)
+    finally:
+        _, err = finish(proc, timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
+    (rec,) = json.loads((run_dir / "summary.json").read_text())["recoveries"]
+    body = checkpoints.read(checkpoints.path_of(str(run_dir), rec["checkpoint"]))
+    held = {
+        str(w): sum(m["records_in"] for m in v["ops"].values() if "records_in" in m) for w, v in body["workers"].items()
+    }
+    assert rec["read_restored"] == held, (rec, held)
+    assert all(n > 0 for n in held.values()), held
+    assert rec["records_reprocessed"] > 0, rec
+
+
 def test_resume_after_the_driver_is_killed_falls_back_past_a_damaged_checkpoint(tmp_path):
     """The driver is SIGKILLed after two checkpoints and its newest checkpoint file is damaged
     (one byte flipped): `--resume` names the damaged file, restores the checkpoint before it
