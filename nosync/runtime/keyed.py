@@ -165,10 +165,11 @@ class _LogsOutput(KeyedOp):
     the next snapshot takes it whole instead (`take_full`: one run of every live key, which
     a restore reads alone), and the updates until then are not noted at all: processing a
     record then costs nothing here. So does the next interval's, when the one before had
-    more updates than keys. That holds once the state was taken whole before: until then
-    (and after a restore) the updates are noted as changed keys meanwhile, in case it cannot
-    be (a value not plain msgpack, a restore still loading it). Should it not be after all,
-    every key counts as changed, once."""
+    more updates than keys. That holds from the start, and after a restore once the state was
+    taken whole again: until then the updates are noted as changed keys meanwhile, in case it
+    cannot be (a restore still loading it). Should it not be after all (a value not plain
+    msgpack), every key counts as changed, once (these operators never delete a key), and
+    updates are noted again until a take of the whole state succeeds."""
 
     full_after = FULL_AFTER
     """FULL_AFTER for this operator (math.inf: never taken whole)."""
@@ -184,10 +185,11 @@ class _LogsOutput(KeyedOp):
         """Whether the next snapshot takes the whole state: the updates after it are not packed;
         they are noted as changed keys (in case the state cannot be taken whole) unless a take
         succeeded before (`_whole_ok`), and then not noted at all."""
-        self._whole_ok = False
-        """Whether the last try to take the state whole succeeded (none since a restore: not
-        yet). Only then are the updates not noted while the next one is due (a state of
-        tuples, never taken whole, notes them always)."""
+        self._whole_ok = True
+        """Whether the last try to take the state whole succeeded, or none was made since the
+        start (not since a restore: `forget_updates`). Only then are the updates not noted while
+        the next one is due (a state of tuples, never taken whole, notes them after its first
+        try)."""
         self._plain = False
         """Whether every value of the state is known to be plain msgpack: it was when last
         taken whole, and every batch since was checked to be (so `take_full` need not look)."""
