@@ -87,7 +87,9 @@ def test_add_subtract_invariant_soak(tmp_path, mode, seed):
 
 
 def test_abs_logs_the_back_edge_and_reports_its_size(spark, tmp_path):
-    records = 100_000
+    # long enough for several barriers to pass each head while a SUBTRACT is on its back edge
+    # (at 100,000 records one fresh-clone run had no barrier pass either worker's head so)
+    records = 200_000
     r = ns.run(
         os.path.join(PIPELINES, "add_subtract_loop.py"),
         mode="abs",
