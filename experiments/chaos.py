@@ -212,6 +212,13 @@ class Progress(Events):
                 self.over = True
         return new
 
+    def restorable(self, mode: str, victims: list[int]) -> bool:
+        """Whether a kill of `victims` now finds state to restore: the run made progress (a
+        PROGRESS_EVENTS one) and, under nosync, each victim has a durable snapshot of its own (a
+        safe point comes long before a worker's first: a kill before it re-executes the victim
+        from the start)."""
+        return self.armed and (mode != "nosync" or self.snapshotted.issuperset(victims))
+
 
 def _recovered(seen: list[dict], since: int, victims: list[int]) -> bool:
     """Whether the run is running again after losing `victims` (events from `since` on):
@@ -323,8 +330,9 @@ def run_chaos(
             while kill is None and not ended():
                 events.poll()
                 pids = [events.pid_of(v) for v in victims]
-                restorable = mode != "nosync" or events.snapshotted.issuperset(victims)
-                if not (events.running and events.armed and restorable and events.read >= target and None not in pids):
+                if not (
+                    events.running and events.restorable(mode, victims) and events.read >= target and None not in pids
+                ):
                     time.sleep(0.01)
                     continue
                 seen, read = len(events.seen), events.read

@@ -19,15 +19,11 @@ import threading
 import time
 from typing import Any
 
-from experiments.chaos import PROGRESS_EVENTS, Events
+from experiments.chaos import PROGRESS_EVENTS, Progress
 from experiments.failures import lose_machines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEYED_COUNT = os.path.join(HERE, "workloads", "keyed_count.py")
-RESTORABLE = {"abs": "checkpoint_completed", "nosync": "snapshot"}
-"""Per mode, the event after which the killed worker has state to restore: a completed
-checkpoint; a durable snapshot of its own (a safe point comes long before the first, and a
-kill before it re-executes from the start). Modes not named: any of `PROGRESS_EVENTS`."""
 
 STEADY_FIELDS = (
     "records_per_s",
@@ -190,23 +186,24 @@ def recovery(
 ) -> dict:
     """A run in which worker W-1 is killed (with `failure` "machine", its local root is lost
     too: `experiments.failures`) once `kill_after` of the records are read (half, by
-    default), once it has state to restore (`RESTORABLE`: a completed checkpoint, a durable
-    snapshot of its own, a committed epoch; not waited for without `after_event`). `options`
-    go to the run. With `phase` in [0, 1), the kill waits for the next such event after that
-    point and comes `phase` x the interval after it: the kill moved across the interval. A run
-    whose input ends before the kill raises, or with `missed_ok` returns `kill_missed`."""
+    default), once it has state to restore (`Progress.restorable`: a completed checkpoint, a
+    durable snapshot of its own under nosync; not waited for without `after_event`). `options`
+    go to the run. With `phase` in [0, 1), the kill waits for the next event that gave it such
+    state after that point and comes `phase` x the interval after it: the kill moved across
+    the interval. A run whose input ends before the kill raises, or with `missed_ok` returns
+    `kill_missed`."""
 
     victim = workers - 1
-    events = Events(os.path.join(d, "events.jsonl"))
+    events = Progress(os.path.join(d, "events.jsonl"))
     killed: dict = {}
     state: dict = {"read": 0}
     gap_s = (interval_ms or 1000) / 1000.0
 
-    def restorable(e: dict) -> bool:
-        name = RESTORABLE.get(mode)
-        if name is None:
-            return e["event"] in PROGRESS_EVENTS
-        return e["event"] == name and e.get("worker", victim) == victim
+    def restores_to(e: dict) -> bool:
+        # an event that gives the victim state a restore goes back to
+        if mode == "nosync":
+            return e["event"] == "snapshot" and e.get("worker") == victim
+        return e["event"] in PROGRESS_EVENTS
 
     def kill() -> None:
         pid = events.pid_of(victim)
@@ -227,14 +224,14 @@ def recovery(
         if killed or "armed" in state or p["read"] < records * kill_after:
             return
         events.poll()
-        if after_event and not any(map(restorable, events.seen)):
+        if after_event and not events.restorable(mode, [victim]):
             return
         if phase is None:
             kill()
             return
         # the first progress event from now on starts the interval the kill falls in
         since = state.setdefault("since", len(events.seen))
-        ev = [e for e in events.seen[since:] if restorable(e)]
+        ev = [e for e in events.seen[since:] if restores_to(e)]
         if ev:
             state["armed"] = ev[0]["t"]
             delay = max(0.0, ev[0]["t"] + phase * gap_s - time.time())

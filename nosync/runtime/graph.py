@@ -82,6 +82,11 @@ def edge_channels(e: Any, workers: int) -> list[Any]:
     return [("x", e.id, w) for w in range(workers)] if e.exchange else [("f", e.id)]
 
 
+def exchange_sender(ch: Any) -> int | None:
+    """The worker an input channel of `edge_channels` comes from, if it is an exchange's."""
+    return ch[2] if isinstance(ch, tuple) and ch[0] == "x" else None
+
+
 def connect_back_edge(e: Any, tail: LoopTail, head: LoopHead, router: Any = None) -> None:
     """Connects a loop's back edge `e`: through `router` (a `FeedbackRouter`) when the body
     crosses workers, else straight to the head of this worker, the records kept decoded from

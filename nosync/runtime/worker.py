@@ -44,7 +44,14 @@ from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
 from nosync.runtime import channels, control, frames
 from nosync.runtime.dead_letters import DeadLetters
-from nosync.runtime.graph import add_edge_input, build_ops, connect_back_edge, finish_loops, graph_edges
+from nosync.runtime.graph import (
+    add_edge_input,
+    build_ops,
+    connect_back_edge,
+    exchange_sender,
+    finish_loops,
+    graph_edges,
+)
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.links import SETUP_TIMEOUT_S, Links, Rejoin
 from nosync.runtime.loops import LoopHead
@@ -446,7 +453,7 @@ class Worker(Links):
             for op in self.ops
             if not op.node.params.get("loop_internal")
             for ch in op.inputs
-            if isinstance(ch, tuple) and ch[0] == "x" and ch[2] != self.index
+            if exchange_sender(ch) not in (None, self.index)
         ]
         while not self._finish:
             backlog = max((c.backlog for c in self.out.values()), default=0)
@@ -478,17 +485,13 @@ class Worker(Links):
     def _ahead_of_peers(self, sources: list, peer_inputs: list) -> bool:
         """Whether `sources` are more than MAX_EPOCHS_AHEAD epochs past the least epoch closed on
         an exchange channel from a peer (`peer_inputs`: operator, channel), every peer being up."""
-        if not peer_inputs or not self.hooks.peers_up(self):
+        if not peer_inputs:
             return False
         low = min(op.inputs.get(ch, EOS) for op, ch in peer_inputs)
-        return min(s.epoch for s in sources) - low > MAX_EPOCHS_AHEAD
+        # the mode is asked only when ahead: this runs once per loop iteration
+        return min(s.epoch for s in sources) - low > MAX_EPOCHS_AHEAD and self.hooks.peers_up(self)
 
     def inc_finished(self, j: int) -> bool:
         """Whether every exchange input from worker `j` has ended (EOS) on every operator."""
-        chans = [
-            op
-            for op in self.ops
-            for ch, e in op.inputs.items()
-            if isinstance(ch, tuple) and ch[0] == "x" and ch[2] == j and e != EOS
-        ]
+        chans = [op for op in self.ops for ch, e in op.inputs.items() if exchange_sender(ch) == j and e != EOS]
         return not chans
