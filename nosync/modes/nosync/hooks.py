@@ -44,6 +44,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Mapping
+from itertools import takewhile
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -415,9 +416,9 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
                 self.outlog.trim(w, int(p["consumed"].get(me, 0)))
                 prod = int(p["produced"].get(me, 0))
                 fp = self.fps.get(w)
-                if fp:
-                    for s in [s for s in fp if s <= prod]:
-                        del fp[s]
+                # seqs go in ascending: those the point covers are a prefix (O(covered))
+                for s in list(takewhile(prod.__ge__, fp)) if fp else ():
+                    del fp[s]
         self.safe = int(message.get("safe", -1))
         self.away = set(message.get("away", ()))
         self._commit_safe(worker)

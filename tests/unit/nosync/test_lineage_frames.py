@@ -10,8 +10,11 @@ import socket
 from pathlib import Path
 
 import msgpack
+import pytest
 
+from nosync.errors import RunFailed
 from nosync.modes.nosync import HEADER_LINEAGE, NosyncHooks
+from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.outlog import OutputLog
 from nosync.runtime import channels, frames
 
@@ -112,3 +115,26 @@ def test_a_broadcast_gives_each_destination_its_own_lineage(tmp_path):
     assert last_header(1)["lin"] == {0: tuple(entries(501, 10, 1))}
     assert "lin" not in last_header(2)
     assert (last_header(1)["s"], last_header(2)["s"]) == (1, 2)
+
+
+def test_a_durable_point_drops_the_fingerprints_it_covers_and_keeps_the_rest(tmp_path):
+    """A receiver keeps the fingerprint of every frame it processed from a peer, to check a
+    frame the peer re-produces after a recovery; once the peer's durable point covers a frame,
+    the peer never re-produces it, and its fingerprint goes."""
+    sender = sending_hooks(tmp_path)  # worker 0; no link up: the frames stay in its output log
+    for k in range(5):
+        sender.send_frame(StandInWorker(0), 3, frames.DATA, {"e": 0}, msgpack.packb([["a", k]]))
+    sent = frames.FrameReader().feed(b"".join(sender.outlog.since(3, 1)))
+    me = StandInWorker(3)
+    me.sinks = []
+    receiver = NosyncHooks({})
+    receiver.w = me
+    receiver.outlog = OutputLog(str(tmp_path / "receiver.spill"), receiver.max_out_mem)
+    assert [receiver.accept_frame(me, 0, f) for f in sent] == [True] * 5
+    point = {"step": 0, "consumed": {}, "produced": {3: 3}}
+    receiver.on_control(me, {"op": NosyncOp.POINTS, "points": {0: point, 3: point}, "safe": -1})
+    assert sorted(receiver.fps[0]) == [4, 5]
+    # a frame not covered yet, re-produced with other records, is still caught
+    (other,) = frames.FrameReader().feed(frames.encode_packed(frames.DATA, {**sent[3].header, "fp": 1}, RECORDS))
+    with pytest.raises(RunFailed, match="re-produced with different records"):
+        receiver.accept_frame(me, 0, other)
