@@ -44,6 +44,7 @@ from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
 from nosync.runtime import channels, control, frames
 from nosync.runtime.dead_letters import DeadLetters
+from nosync.runtime.flow import FlowBound
 from nosync.runtime.graph import (
     add_edge_input,
     build_ops,
@@ -61,12 +62,6 @@ from nosync.runtime.router import FeedbackRouter, Router
 log = logging.getLogger("nosync.runtime.worker")
 
 MAX_BACKLOG_FRAMES = 2 * channels.INITIAL_CREDITS
-MAX_EPOCHS_AHEAD = 16
-"""How many epochs a worker's sources may read past the least epoch its peers have closed on
-their exchange channels to it, while every peer is up: a worker that reads faster than a peer
-only stages output that no sink can commit before the peer's epochs, so without this bound
-the gap between workers (and the latency of committed output) grows for as long as the run
-lasts."""
 
 
 class Clock:
@@ -112,6 +107,7 @@ class Worker(Links):
             spec.get("on_bad_record", "deadletter") == "fail",
         )
         self.first_read_at: float | None = None
+        self.flow = FlowBound()
         self.gen = -1
         self.generations = 0
         self._parts: dict[int, Any] = {}
@@ -483,13 +479,12 @@ class Worker(Links):
             self.keepalive()
 
     def _ahead_of_peers(self, sources: list, peer_inputs: list) -> bool:
-        """Whether `sources` are more than MAX_EPOCHS_AHEAD epochs past the least epoch closed on
-        an exchange channel from a peer (`peer_inputs`: operator, channel), every peer being up."""
+        """Whether `sources` are too far past the least epoch closed on an exchange channel from
+        a peer (`peer_inputs`: operator, channel) to read now (`nosync.runtime.flow`)."""
         if not peer_inputs:
             return False
         low = min(op.inputs.get(ch, EOS) for op, ch in peer_inputs)
-        # the mode is asked only when ahead: this runs once per loop iteration
-        return min(s.epoch for s in sources) - low > MAX_EPOCHS_AHEAD and self.hooks.peers_up(self)
+        return self.flow.holds(min(s.epoch for s in sources), low, lambda: self.hooks.peers_up(self))
 
     def inc_finished(self, j: int) -> bool:
         """Whether every exchange input from worker `j` has ended (EOS) on every operator."""

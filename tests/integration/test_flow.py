@@ -1,5 +1,5 @@
 """Flow control between workers: a worker's sources read at most MAX_EPOCHS_AHEAD epochs past
-what its peers have closed on their exchange channels to it (nosync/runtime/worker.py)."""
+what its peers have closed on their exchange channels to it (nosync/runtime/flow.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from support.runs import committed_pairs
 from support.workloads import keyed_count_expected
 
 import nosync as ns
-from nosync.runtime.worker import MAX_EPOCHS_AHEAD
+from nosync.runtime.flow import MAX_EPOCHS_AHEAD
 
 
 def test_a_worker_reads_a_bounded_number_of_epochs_ahead_of_a_slow_peer(spark, tmp_path):
