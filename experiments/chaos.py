@@ -180,6 +180,15 @@ class Events:
         return regs[-1]["pid"] if regs else None
 
 
+def restores_to(mode: str, e: dict, worker: int) -> bool:
+    """Whether event `e` gives `worker` state a restore goes back to: under nosync a durable
+    snapshot of its own (a safe point comes long before a worker's first), else any
+    PROGRESS_EVENTS one (a completed checkpoint, ...)."""
+    if mode == "nosync":
+        return e["event"] == "snapshot" and e.get("worker") == worker
+    return e["event"] in PROGRESS_EVENTS
+
+
 class Progress(Events):
     """A run's events.jsonl followed for what a kill waits on: the records read so far, as the
     most any `progress` event showed (a restored worker counts again from its restored
@@ -214,9 +223,8 @@ class Progress(Events):
 
     def restorable(self, mode: str, victims: list[int]) -> bool:
         """Whether a kill of `victims` now finds state to restore: the run made progress (a
-        PROGRESS_EVENTS one) and, under nosync, each victim has a durable snapshot of its own (a
-        safe point comes long before a worker's first: a kill before it re-executes the victim
-        from the start)."""
+        PROGRESS_EVENTS one) and each victim saw an event `restores_to` names (under nosync a
+        durable snapshot of its own: a kill before it re-executes the victim from the start)."""
         return self.armed and (mode != "nosync" or self.snapshotted.issuperset(victims))
 
 

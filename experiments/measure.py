@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from experiments.chaos import PROGRESS_EVENTS, Progress
+from experiments.chaos import Progress, restores_to
 from experiments.failures import lose_machines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -199,12 +199,6 @@ def recovery(
     state: dict = {"read": 0}
     gap_s = (interval_ms or 1000) / 1000.0
 
-    def restores_to(e: dict) -> bool:
-        # an event that gives the victim state a restore goes back to
-        if mode == "nosync":
-            return e["event"] == "snapshot" and e.get("worker") == victim
-        return e["event"] in PROGRESS_EVENTS
-
     def kill() -> None:
         pid = events.pid_of(victim)
         if pid is None or killed:
@@ -231,7 +225,7 @@ def recovery(
             return
         # the first progress event from now on starts the interval the kill falls in
         since = state.setdefault("since", len(events.seen))
-        ev = [e for e in events.seen[since:] if restores_to(e)]
+        ev = [e for e in events.seen[since:] if restores_to(mode, e, victim)]
         if ev:
             state["armed"] = ev[0]["t"]
             delay = max(0.0, ev[0]["t"] + phase * gap_s - time.time())
