@@ -28,6 +28,7 @@ while a generation is set up.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -185,6 +186,7 @@ class Worker(Links):
 
     def _drop_generation(self) -> None:
         """Closes every data connection and keeps what the metrics need of the operators."""
+        gc.unfreeze()  # what this generation held may be garbage now, cycles included
         if self.sel is not None:
             self.sel.close()
             self.sel = None
@@ -440,6 +442,10 @@ class Worker(Links):
 
     def _loop(self) -> None:
         """Runs the current generation until finish (returns) or a rejoin (raises Rejoin)."""
+        # what the generation was set up with (the operators and their state, the routers'
+        # caches, the modules) lives until it ends: out of the collector's full passes, which
+        # would otherwise walk every key of the state about once a second
+        gc.freeze()
         self._done_sent = idle_sent = False
         active_sources = [s for s in self.sources if not s.finished]
         start = time.time()

@@ -34,6 +34,7 @@ With `replay_threshold_records`, a long span up to a cut goes to a Spark batch j
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -204,6 +205,7 @@ class BulkLoader:
         if not self.ops and worker.hooks.loader is self:
             worker.hooks.loader = None
             worker.hooks.load_s = self.seconds
+            gc.freeze()  # the loaded state too lives as long as the generation (`Worker._loop`)
         return not self.ops
 
     def wait(self, timeout: float | None = None) -> bool:
