@@ -353,6 +353,22 @@ class SinkOp(Op):
             n = self.part.commit_precommit(c, handle)
             self._committed(n, self.precommit_ts.pop(c, []))
 
+    def commit_ready(self, ready: Callable[[int], bool]) -> list[int]:
+        """Publishes the pre-commits whose checkpoint `ready` accepts, oldest first, and returns
+        their checkpoints. When the order of records matters to the part (`order_matters`), none
+        passes one still waiting; otherwise each goes as soon as it is ready."""
+        done: list[int] = []
+        for c, handle in list(self.precommitted):
+            if not ready(c):
+                if self.part.order_matters:
+                    break
+                continue
+            self.precommitted.remove((c, handle))
+            n = self.part.commit_precommit(c, handle)
+            self._committed(n, self.precommit_ts.pop(c, []))
+            done.append(c)
+        return done
+
     @property
     def uncommitted(self) -> bool:
         """Whether anything staged or pre-committed is not yet committed."""

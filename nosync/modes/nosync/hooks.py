@@ -424,17 +424,15 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self._commit_safe(worker)
 
     def _commit_safe(self, worker: Worker) -> None:
+        # a pre-commit goes once it is durable here and the safe point covers its last epoch;
+        # a snapshot's, which holds the epochs still open, waits longer than the points' after
+        # it, which a sink whose output has no order need not hold back
         for s in worker.sinks:
             epochs = self.pc_epochs.get(s.name, {})
-            upto = None
-            for c, _ in s.precommitted:
-                if c <= self.durable_seq and epochs.get(c, EOS) <= self.safe:
-                    upto = c
-                else:
-                    break
-            if upto is not None:
-                s.commit_checkpoint(upto)
-                for c in [c for c in epochs if c <= upto]:
+            done = s.commit_ready(lambda c, e=epochs: c <= self.durable_seq and e.get(c, EOS) <= self.safe)
+            if done:
+                left = {c for c, _ in s.precommitted}
+                for c in [c for c in epochs if c <= done[-1] and c not in left]:
                     del epochs[c]
 
     # -- lineage points and snapshots -------------------------------------------------------
