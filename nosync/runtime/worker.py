@@ -363,6 +363,7 @@ class Worker(Links):
             self._report_error(e)
             raise
         finally:
+            gc.unfreeze()  # a reused Python worker runs other tasks after this one
             self.dead_letters.close()
             for part in self._parts.values():
                 part.close()
