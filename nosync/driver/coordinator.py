@@ -333,9 +333,14 @@ class Coordinator:
             case control.Heartbeat(counters=counters):
                 self.last_beat[w] = time.monotonic()
                 with self._lock:
-                    self.counters[w] = self._counted(w, {**counters, "gen": msg.gen})
+                    before = (self.counters.get(w) or {}).get("read", 0)
+                    now = self.counters[w] = self._counted(w, {**counters, "gen": msg.gen})
                     if self.first_record_at is None and counters.get("read"):
                         self.first_record_at = time.time()
+                if now["read"] < before:
+                    # a restored position goes into the per-worker series at once: the next
+                    # heartbeat, as due as the next sample, may already count records read on
+                    self.progress_rows.append(_progress_row(time.time(), w, now))
             case control.Ready(gen=g):
                 if g == self.gen:
                     self.ready.add(w)
