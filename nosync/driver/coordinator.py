@@ -333,14 +333,9 @@ class Coordinator:
             case control.Heartbeat(counters=counters):
                 self.last_beat[w] = time.monotonic()
                 with self._lock:
-                    before = (self.counters.get(w) or {}).get("read", 0)
-                    now = self.counters[w] = self._counted(w, {**counters, "gen": msg.gen})
+                    self.counters[w] = self._counted(w, {**counters, "gen": msg.gen})
                     if self.first_record_at is None and counters.get("read"):
                         self.first_record_at = time.time()
-                if now["read"] < before:
-                    # a restored position goes into the per-worker series at once: the next
-                    # heartbeat, as due as the next sample, may already count records read on
-                    self.progress_rows.append(_progress_row(time.time(), w, now))
             case control.Ready(gen=g):
                 if g == self.gen:
                     self.ready.add(w)
@@ -375,14 +370,17 @@ class Coordinator:
         own = {"attempt": self.attempts.get(w, 0), "positioned": msg.get("read") is not None}
         if msg.get("read") is None:
             return {**msg, **own, "read": prev.get("read", 0), "committed": prev.get("committed", 0)}
+        out = {**msg, **own}
+        if msg.get("committed", 0) < prev.get("committed", 0):
+            out["committed"] = prev["committed"]
         if msg["read"] < prev.get("read", 0):
-            # a restored position: the run's progress is sampled at once, so that its time
-            # series shows the drop whole, before the worker reads on. REQUIRES: _lock held
+            # a restored position: the run's progress is sampled at once, and the per-worker
+            # series takes it now (the next heartbeat, as due as the next sample, may already
+            # count records read on), so that both show the drop whole. REQUIRES: _lock held
             self._sample_now = True
             self._changed.notify_all()
-        if msg.get("committed", 0) < prev.get("committed", 0):
-            return {**msg, **own, "committed": prev["committed"]}
-        return {**msg, **own}
+            self.progress_rows.append(_progress_row(time.time(), w, out))
+        return out
 
     def _register(self, w: int, conn: channels.Connection, msg: control.Register) -> None:
         attempt = msg.attempt

@@ -347,11 +347,9 @@ class SinkOp(Op):
         self.precommitted = [(c, self.part.harden(c, h)) for c, h in self.precommitted]
 
     def commit_checkpoint(self, checkpoint: int) -> None:
-        """Publishes what was pre-committed under checkpoints <= `checkpoint`."""
-        while self.precommitted and self.precommitted[0][0] <= checkpoint:
-            c, handle = self.precommitted.pop(0)
-            n = self.part.commit_precommit(c, handle)
-            self._committed(n, self.precommit_ts.pop(c, []))
+        """Publishes what was pre-committed under checkpoints <= `checkpoint` (the pre-commits
+        are in the order of their checkpoints)."""
+        self.commit_ready(lambda c: c <= checkpoint)
 
     def commit_ready(self, ready: Callable[[int], bool]) -> list[int]:
         """Publishes the pre-commits whose checkpoint `ready` accepts, oldest first, and returns

@@ -124,10 +124,11 @@ class Snapshots:
         t0 = time.thread_time()
         if self.cut_steps:
             self._cut(worker)
-        if any(s.part.has_staged(min(s.frontier, s.last_epoch)) for s in worker.sinks):
-            # the sealed epochs go in a point of their own: the snapshot's pre-commit, which holds
-            # the epochs still open, can commit only once the last of them is safe
-            self._append(worker, {}, None, self._precommit(worker, self.store.last_seq + 1, everything=False))
+        # the sealed epochs go in a point of their own: the snapshot's pre-commit, which holds
+        # the epochs still open, can commit only once the last of them is safe
+        sealed = self._precommit(worker, self.store.last_seq + 1, everything=False)
+        if sealed:
+            self._append(worker, {}, None, sealed)
         seq = self.store.last_seq + 1
         # before the metadata, which holds the sinks' pre-commits
         pcs = self._precommit(worker, seq, everything=True)
