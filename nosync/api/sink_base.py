@@ -80,6 +80,11 @@ class SinkPart:
             self.pending.setdefault(e, []).extend(recs)
         return self.commit(1 << 62)
 
+    def sync(self) -> None:
+        """Makes the commits made so far survive a crash of the machine, not only of the
+        process (a commit need not: this is called before a snapshot or checkpoint records
+        them, and before the worker reports its output done). The base has nothing to sync."""
+
     def recover(self, checkpoint: int, handles: list, retract_above: int | None = None) -> int:
         """Back to `checkpoint`: commits `handles` ((checkpoint, handle) pairs, all <= it),
         drops everything else staged, and takes back output committed under a checkpoint above

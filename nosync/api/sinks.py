@@ -11,8 +11,12 @@ before, discards the staging of later checkpoints (and, for files, retracts outp
 under a later checkpoint, which happens only when recovery falls back past a damaged one).
 
 - Files: one staged file per (epoch, worker[, checkpoint]) under `<dir>/_staging/`, fsynced,
-  renamed into `<dir>/` at commit (atomic on a POSIX file system), then the directory is
-  fsynced. Names carry the checkpoint, so one that cuts an epoch in two gives two files.
+  renamed into `<dir>/` at commit (atomic on a POSIX file system). The directory is fsynced
+  once for the commits before it (`sync`) when a snapshot or checkpoint records them
+  (`SinkOp.snapshot_meta`) and before the worker reports its output done, not at each commit:
+  a commit whose rename a machine crash took back is one that record does not hold yet, so a
+  restore commits it again. Names carry the checkpoint, so one that cuts an epoch in two gives
+  two files.
 - LevelDB: a key-value sink of (key, value) records; the upserts go in one write batch at
   commit (idempotent: a replayed commit writes the same values). One LevelDB per worker
   (`<dir>/part-W`), since LevelDB allows one process per database; pre-commits are msgpack
@@ -257,6 +261,8 @@ class _FilesPart(SinkPart):
         self.open: dict[int, list[_OpenFile]] = {}
         self.sealed: dict[int, list[_OpenFile]] = {}
         self._serial = 0
+        self.unsynced = False
+        """Whether a commit renamed files into the directory since it was last fsynced."""
 
     def _name(self, epoch: int, checkpoint: int | None = None, index: int = 0) -> str:
         c = "" if checkpoint is None else f"-c{checkpoint:010d}"
@@ -312,8 +318,7 @@ class _FilesPart(SinkPart):
                     if c is None and int(PART_NAME.match(name).group(1)) == e:
                         os.unlink(os.path.join(self.dir, name))
             n += self._publish(e, self.dir, None)[1]
-        if n:
-            fsync_dir(self.dir)
+        self.unsynced = self.unsynced or n > 0
         return n
 
     def precommit(self, checkpoint: int, upto: int = ALL, durable: bool = True) -> Any:
@@ -365,9 +370,13 @@ class _FilesPart(SinkPart):
                 moved = True
             elif not os.path.exists(final):
                 raise RunFailed(f"sink {self.dir}: the pre-committed file {name} of checkpoint {checkpoint} is missing")
-        if moved:
-            fsync_dir(self.dir)
+        self.unsynced = self.unsynced or moved
         return handle["records"]
+
+    def sync(self) -> None:
+        if self.unsynced:
+            fsync_dir(self.dir)
+            self.unsynced = False
 
     def _mine(self, directory: str) -> list[tuple[str, int | None]]:
         """This worker's part files in `directory` and the checkpoint each names (None: none)."""
@@ -390,6 +399,7 @@ class _FilesPart(SinkPart):
             os.unlink(os.path.join(self.dir, name))
         fsync_dir(self.staging)
         fsync_dir(self.dir)
+        self.unsynced = False
         return n
 
     def close(self) -> None:

@@ -387,7 +387,9 @@ class SinkOp(Op):
         return m
 
     def snapshot_meta(self) -> dict:
-        """Adds the count of records committed and the pre-commits not yet committed."""
+        """Adds the count of records committed and the pre-commits not yet committed; the
+        commits it counts are synced first (`SinkPart.sync`)."""
+        self.part.sync()
         return {**super().snapshot_meta(), "committed": self.committed, "precommitted": list(self.precommitted)}
 
     def restore_meta(self, meta: dict) -> None:

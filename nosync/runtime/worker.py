@@ -481,6 +481,8 @@ class Worker(Links):
                 idle_sent = True
                 self._next_beat = 0.0
             if not self._done_sent and not active_sources and self._finished_locally() and hooks.can_finish(self):
+                for op in self.sinks:
+                    op.part.sync()
                 self.send_ctrl(control.Done(self.gen, self.metrics(), time.time() - start))
                 self._done_sent = True
             self.keepalive()

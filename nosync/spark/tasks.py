@@ -392,6 +392,7 @@ def _close(ops: list, host: _Host, s: int, k: int | None = None) -> None:
                     data = codec.pack([k, repr(v)])  # shown, not restored: its repr will do
                 host.rows.append((host.index, -1, host.index, 0, STATE, 0, data))
         if isinstance(op, SinkOp):
+            op.part.sync()
             op.part.close()
             if any(op is w for w in host.writers):
                 stats["committed"] += op.committed

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import inspect
 import itertools
+import os
 
 import msgpack
 import pytest
@@ -692,6 +693,42 @@ def test_a_precommit_waiting_holds_back_later_ones_only_where_order_matters(tmp_
         assert committed() == [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1)]
     else:
         assert committed() == [("a", 3), ("b", 1), ("c", 1)]
+
+
+def test_a_files_sink_syncs_its_directory_once_for_the_commits_a_snapshot_records(tmp_path, monkeypatch):
+    """A commit renames its files into the output directory without fsyncing it; the
+    snapshot's meta that counts the commits fsyncs the directory once for all of them, and a
+    meta with no commit since fsyncs nothing."""
+    import nosync.api.sinks as sinks_mod
+
+    synced = []
+    real = sinks_mod.fsync_dir
+
+    def spy(path):
+        synced.append(os.path.realpath(path))
+        real(path)
+
+    monkeypatch.setattr(sinks_mod, "fsync_dir", spy)
+    p = ns.Pipeline("p")
+    out = tmp_path / "out"
+    sink_def = ns.sinks.Files(str(out))
+    source(p).sink(sink_def, name="out")
+    op = SinkOp(p.node("out"), sink_def.open_part(0, "run"), Clock())
+    op.add_input("in")
+    for c in (1, 2, 3):
+        op.push([c], c, "in")
+        op.precommit(c, c, durable=False)
+    assert op.commit_ready(lambda c: c <= 2) == [1, 2]
+    assert sorted(sink_def.read_committed()) == [1, 2]
+    assert str(out.resolve()) not in synced
+    meta = op.snapshot_meta()
+    assert meta["committed"] == 2
+    assert synced.count(str(out.resolve())) == 1
+    op.snapshot_meta()
+    assert synced.count(str(out.resolve())) == 1
+    assert op.commit_ready(lambda c: True) == [3]
+    op.snapshot_meta()
+    assert synced.count(str(out.resolve())) == 2
 
 
 def test_self_join_keeps_its_two_inputs_apart():
