@@ -73,6 +73,10 @@ def recover(h: Any, worker: Worker) -> None:
     # one LINEAGE frame each way with every peer, then replay what they hold for us
     for j, conn in worker.out.items():
         conn.send_uncounted(h.lineage_frame(j))
+    worker.flush_peers()
+    worker.keepalive()
+    if h.loader is not None:
+        h.loader.start()
     replay(h, worker)
     h.restore_s = time.perf_counter() - t0
     worker.send_ctrl(
@@ -171,7 +175,15 @@ class BulkLoader:
         for i, op in ops:
             op.lazy(lambda key, i=i: store.get(i, key, as_of=as_of, default=MISSING_STATE), raw=True)
         self._thread = threading.Thread(target=self._run, name="nosync-bulk-load", daemon=True)
-        self._thread.start()
+        self._started = False
+
+    def start(self) -> None:
+        """Starts the load (once). `recover` starts it after the worker reported itself
+        restored and sent its peers their LINEAGE frames: its decoding holds the GIL for long
+        spells, which would hold those messages back."""
+        if not self._started:
+            self._started = True
+            self._thread.start()
 
     def _run(self) -> None:
         t0 = time.perf_counter()
@@ -211,6 +223,7 @@ class BulkLoader:
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until every operator's state is loaded (at most `timeout` seconds); True
         once it is."""
+        self.start()
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
