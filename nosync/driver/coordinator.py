@@ -36,6 +36,9 @@ HEARTBEAT_TIMEOUT_S = 30.0
 for one that hangs, so it must exceed the longest step a busy worker takes between two
 heartbeats (replaying what an alignment held, a large snapshot): at 5 s, busy workers of
 nexmark were taken for dead in chaos runs and recovered for nothing."""
+TICK_S = 0.05
+"""The longest the coordinator's loop waits for a message before it ticks the mode (a mode
+whose tick is due sooner says so: `Mode.due_in`)."""
 PROGRESS_S = 0.1
 """How often the per-worker progress is sampled (the workers' counters come with their
 heartbeats, every `worker.HEARTBEAT_S`)."""
@@ -234,8 +237,9 @@ class Coordinator:
 
     def _loop(self) -> None:
         while not self._stop:
+            due = self.mode.due_in(self)
             try:
-                events = self._sel.select(0.05)
+                events = self._sel.select(TICK_S if due is None else max(0.0, min(TICK_S, due)))
             except (OSError, ValueError):
                 return
             for key, _ in events:

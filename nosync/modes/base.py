@@ -49,7 +49,13 @@ class Mode:
         """A worker's control message of type "mode"."""
 
     def tick(self, coordinator: Any) -> None:
-        """Called by the coordinator's loop about every 50 ms."""
+        """Called by the coordinator's loop after the messages it took, and about every 50 ms
+        when none come (sooner when `due_in` asks)."""
+
+    def due_in(self, coordinator: Any) -> float | None:
+        """Seconds until `tick` has something due that no message may come to wake the
+        coordinator's loop for (None: nothing sooner than its 50 ms)."""
+        return None
 
     def summary(self, coordinator: Any) -> dict:
         """What the mode adds to the run's summary."""

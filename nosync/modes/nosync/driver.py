@@ -136,6 +136,16 @@ class NosyncMode(Mode):
                 # a durable snapshot: the step this worker's recovery now restores
                 coord.event("snapshot", worker=worker, step=int(p["step"]))
 
+    def due_in(self, coord: Any) -> float | None:
+        """When the next tick has work: a finished span job at once, a changed durable point
+        BROADCAST_GAP_S after the last broadcast (not when the next message happens to wake the
+        coordinator's loop, up to its 50 ms later)."""
+        if self.span_results:
+            return 0.0
+        if not self.changed:
+            return None
+        return BROADCAST_GAP_S - (time.monotonic() - self.last_broadcast)
+
     def tick(self, coord: Any) -> None:
         """Hands finished span jobs to their workers and, when a durable point changed, broadcasts
         the points with the safe point (at most every BROADCAST_GAP_S)."""

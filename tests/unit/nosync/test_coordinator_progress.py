@@ -30,3 +30,25 @@ def test_a_restored_position_is_in_the_series_though_the_next_heartbeat_reads_on
     mine = [r["read"] for r in coordinator.progress_rows if r["worker"] == 0]
     assert 200 in mine, mine
     assert coordinator.counters[0]["read"] == 260
+
+
+def test_a_changed_durable_point_sets_when_the_coordinator_wakes_to_broadcast_it():
+    """The coordinator's loop waits for messages at most as long as the mode's tick can wait
+    (`Mode.due_in`): nothing while no durable point changed; a changed one no later than
+    BROADCAST_GAP_S after the last broadcast; nothing again once the tick broadcast it."""
+    from nosync.modes.nosync.driver import BROADCAST_GAP_S
+    from nosync.modes.nosync.messages import NosyncOp
+
+    c = Coordinator(1, b"the run's secret", get_mode("nosync"), "run-1")
+    try:
+        mode = c.mode
+        assert mode.due_in(c) is None
+        point = {"step": 3, "frontier": 1, "lstep": 3, "consumed": {}, "produced": {}}
+        mode.on_message(c, 0, {"op": NosyncOp.DURABLE, "gen": 0, "point": point})
+        due = mode.due_in(c)
+        assert due is not None and due <= BROADCAST_GAP_S
+        mode.tick(c)
+        assert mode.safe == 1
+        assert mode.due_in(c) is None
+    finally:
+        c.close()
