@@ -144,7 +144,6 @@ class Links:
                     ident = channels.accept_handshake(s, self.secret)
                     if ident.get("role") != "data" or ident.get("to") != self.index or ident.get("gen") != gen:
                         raise AuthError(f"unexpected identity {ident} (generation {gen})")
-                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     accepted[int(ident["from"])] = s
                 except AuthError as e:
                     channels.refuse(s, addr, e)
@@ -243,7 +242,6 @@ class Links:
             self.secret,
             {"role": "data", "from": self.index, "to": j, "gen": self.gen, "attempt": self.attempt},
         )
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
         conn.attempt = attempt
         self.attach(j, conn, "out")
@@ -263,7 +261,6 @@ class Links:
             j = int(ident["from"])
             if not 0 <= j < self.workers or j == self.index:
                 raise AuthError(f"unexpected identity {ident}")
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (AuthError, OSError) as e:
             channels.refuse(s, addr, e)
             return

@@ -78,6 +78,26 @@ def test_handshake_with_the_right_secret_delivers_the_identity():
         sock.close()
 
 
+def test_both_ends_of_a_handshake_send_small_frames_at_once():
+    """Nagle's algorithm off on both sides (TCP_NODELAY): the coordinator's broadcasts and a
+    worker's frames each go out when written, not after the acknowledgement of the one
+    before."""
+
+    def accept(s: socket.socket) -> int:
+        channels.accept_handshake(s, SECRET)
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    server = Server(accept)
+    sock = channels.connect(server.address, SECRET, {"role": "worker"})
+    try:
+        server.join()
+        assert server.error is None
+        assert server.result != 0
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        sock.close()
+
+
 def test_client_with_a_wrong_secret_is_refused_on_both_sides():
     server = Server(lambda s: channels.accept_handshake(s, SECRET))
     with pytest.raises(AuthError):
