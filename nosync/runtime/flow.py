@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-MAX_EPOCHS_AHEAD = 16
+MAX_EPOCHS_AHEAD = 6
 """How many epochs a worker's sources may read past the least epoch its peers have closed on
 their exchange channels to it, while every peer is up: without a bound, the gap between
-workers (and the latency of committed output) grows for as long as the run lasts."""
+workers (and the latency of committed output) grows for as long as the run lasts. Nothing
+closes a gap short of the bound (the workers read at the same pace), so a worker held up for a
+while (a snapshot, 45 to 60 ms under nosync) leaves one that lasts: the latency of committed
+output sits near the bound. At 16 epochs (about 300 ms at keyed_count's pace on two cores)
+nosync's p99 was 380 to 545 ms and none's 76 to 294; at 6, 119 to 192 and 77 to 124, with no
+change in records/s beyond the rounds' spread (docs/performance.md). 6 epochs still hold
+more than such a pause, so that one worker's pause does not stop the other."""
 CATCH_UP_SHARE = 0.2
 """While the gap a recovered peer left closes, by how many epochs it must shrink for each
 epoch this worker's sources read: this worker reads at about 1 / (1 + share) of its peer's
