@@ -18,7 +18,7 @@ workers (and the latency of committed output) grows for as long as the run lasts
 closes a gap short of the bound (the workers read at the same pace), so a worker held up for a
 while (a snapshot, 45 to 60 ms under nosync) leaves one that lasts: the latency of committed
 output sits near the bound. At 16 epochs (about 300 ms at keyed_count's pace on two cores)
-nosync's p99 was 380 to 545 ms and none's 76 to 294; at 6, 119 to 192 and 77 to 124, with no
+nosync's p99 was 380 to 545 ms and none's 76 to 294; at 6, 119 to 259 and 77 to 124, with no
 change in records/s beyond the rounds' spread (docs/performance.md). 6 epochs still hold
 more than such a pause, so that one worker's pause does not stop the other."""
 CATCH_UP_SHARE = 0.2

@@ -140,11 +140,12 @@ class NosyncMode(Mode):
         """When the next tick has work: a finished span job at once, a changed durable point
         BROADCAST_GAP_S after the last broadcast (not when the next message happens to wake the
         coordinator's loop, up to its 50 ms later)."""
-        if self.span_results:
-            return 0.0
-        if not self.changed:
-            return None
-        return BROADCAST_GAP_S - (time.monotonic() - self.last_broadcast)
+        return 0.0 if self.span_results else self._broadcast_in(time.monotonic())
+
+    def _broadcast_in(self, now: float) -> float | None:
+        """Seconds until the changed durable points may be broadcast (<= 0: now; None: none
+        changed)."""
+        return BROADCAST_GAP_S - (now - self.last_broadcast) if self.changed else None
 
     def tick(self, coord: Any) -> None:
         """Hands finished span jobs to their workers and, when a durable point changed, broadcasts
@@ -154,7 +155,8 @@ class NosyncMode(Mode):
             if gen == coord.gen:
                 coord.send(w, control.mode_message(NosyncOp.SPAN_DONE, gen=gen, **result))
         now = time.monotonic()
-        if not self.changed or now - self.last_broadcast < BROADCAST_GAP_S:
+        wait = self._broadcast_in(now)
+        if wait is None or wait > 0:
             return
         self.changed = False
         self.last_broadcast = now
