@@ -214,9 +214,11 @@ class Levels:
 
     def background_cpu_s(self) -> float:
         """The time persistence took off the snapshots' own path: the store's persister and
-        merges, and the sends to the holders."""
+        merges, the sends to the holders, the residues' compression and the sinks' own threads
+        staging the snapshots' pre-commits (`SinkPart.staging_cpu_s`)."""
         st = self.store.stats
-        return st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s
+        sinks = sum(s.part.staging_cpu_s for s in self.w.sinks) if self.w is not None else 0.0
+        return st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s + self.residue_cpu_s + sinks
 
     def _pace_levels(self, share: float) -> None:
         """Lets the levels beyond the one a snapshot waits for fall behind, or catch up, by the
