@@ -370,14 +370,11 @@ class Store:
         """
         return self.add(self.prepare(seq, runs))
 
-    def prepare(self, seq: int, runs: Mapping[Any, Any], into: Batch | None = None) -> Batch:
+    def prepare(self, seq: int, runs: Mapping[Any, Any]) -> Batch:
         """`append`'s first half: the runs at `seq`, checked and packed (copied), not added
         yet (`add`): for a caller that must take its state now and add it a little later,
-        nothing appended in between. With `into` (a batch at `seq` not added yet), the runs
-        join it (LsmError for a state it has a run of already)."""
+        nothing appended in between."""
         self._check_seq(seq)
-        if into is not None and into.seq != seq:
-            raise SeqOrderError(f"append seq {seq} to {self.path}: the batch to join is at seq {into.seq}")
         if not isinstance(runs, Mapping):
             raise LsmError(f"append seq {seq} to {self.path}: runs are a mapping of states, not {type(runs).__name__}")
         built: dict[bytes, PendingRun] = {}
@@ -393,14 +390,7 @@ class Store:
             else:
                 keys, values = _columns(updates)
                 built[sb] = self._pending(seq, state, keys, values)
-        if into is None:
-            return Batch(seq, built)
-        both = [decode_key(sb)[0] for sb in built if sb in into.runs]
-        if both:
-            raise LsmError(f"append seq {seq} to {self.path}: the batch has a run of state {both[0]!r} already")
-        into.runs.update(built)
-        into.nbytes = sum(r.nbytes for r in into.runs.values())
-        return into
+        return Batch(seq, built)
 
     def _check_seq(self, seq: int) -> None:
         if self._closed:

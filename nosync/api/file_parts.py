@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -282,14 +281,12 @@ class FilesPart(SinkPart):
     def _stage(self, opened: list[_OpenFile], moves: list[tuple[str, str]]) -> None:
         """On the finisher thread: finishes the files still open, then renames the files
         moved into the staging area and fsyncs it."""
-        t0 = time.thread_time()
         for f in opened:
             f.finish()
         for src, dst in moves:
             os.replace(src, dst)
         if moves:
             fsync_dir(self.staging)
-        self.staging_cpu_s += time.thread_time() - t0  # read by the caller's thread once settled
 
     def _later(self, checkpoint: int, job: Any, *args: Any) -> None:
         """Runs `job(*args)` for the pre-commit of `checkpoint` on the finisher thread, after

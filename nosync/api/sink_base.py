@@ -29,9 +29,6 @@ class SinkPart:
     epochs up to `epoch`, oldest first."""
 
     order_matters = True
-    staging_cpu_s = 0.0
-    """The CPU time a thread of the part's own spent staging pre-commits (`settled`); a
-    persistence budget counts it."""
     """Whether the committed output depends on the order of the records of an epoch (a
     LevelDB sink: the last write of a key wins); a multiset of records per epoch does not."""
 

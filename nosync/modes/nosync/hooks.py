@@ -591,9 +591,6 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             self.loader.stop()
         if self.outlog is not None:
             self.outlog.close()
-        if self._packer_pool is not None:
-            self._packer_pool.shutdown(wait=True)
-            self._packer_pool = None
         for store in (self.store, self.inputs):
             if store is not None:
                 try:

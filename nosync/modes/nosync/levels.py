@@ -214,11 +214,9 @@ class Levels:
 
     def background_cpu_s(self) -> float:
         """The time persistence took off the snapshots' own path: the store's persister and
-        merges, the sends to the holders, the residues' compression and the sinks' own threads
-        staging the snapshots' pre-commits (`SinkPart.staging_cpu_s`)."""
+        merges, and the sends to the holders."""
         st = self.store.stats
-        sinks = sum(s.part.staging_cpu_s for s in self.w.sinks) if self.w is not None else 0.0
-        return st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s + self.residue_cpu_s + sinks
+        return st.persist_cpu_s + st.merge_cpu_s + self.replicate_cpu_s
 
     def _pace_levels(self, share: float) -> None:
         """Lets the levels beyond the one a snapshot waits for fall behind, or catch up, by the

@@ -17,12 +17,6 @@ from collections import deque
 from nosync.state.layout import pack_residue, unpack_residue
 
 
-def pack_residues(uncovered: dict[int, list]) -> dict[int, dict]:
-    """`OutputLog.uncovered` as the values a snapshot's `OUT` run holds (`layout.pack_residue`:
-    compressed; pyarrow's zstd lets go of the GIL meanwhile)."""
-    return {d: pack_residue(frames) for d, frames in uncovered.items()}
-
-
 class OutputLog:
     """One worker's output log: per destination, the frames it sent in chan_seq order, in memory
     or spilled, until trimmed."""
@@ -76,15 +70,10 @@ class OutputLog:
         self.resent_from_residue += sum(1 for seq, _ in out if seq <= last)
         return [f for _, f in out]
 
-    def uncovered(self) -> dict[int, list]:
-        """Per destination, the [chan_seq, frame] pairs it has not durably consumed (new
-        lists: the log goes on changing, the frames do not)."""
-        return {d: [[seq, self._bytes(f)] for seq, f in q] for d, q in self.frames.items()}
-
     def residue(self) -> dict[int, dict]:
         """Per destination, the frames it has not durably consumed, as one compressed value
-        (`pack_residues`)."""
-        return pack_residues(self.uncovered())
+        (`layout.pack_residue`)."""
+        return {d: pack_residue([[seq, self._bytes(f)] for seq, f in q]) for d, q in self.frames.items()}
 
     def restore(self, blobs: dict) -> None:
         """The output log a snapshot's residue held (frames stay encoded)."""

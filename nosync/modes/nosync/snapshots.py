@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from lineage import Step
@@ -23,7 +22,6 @@ from lsm import ValueEncodingError
 from nosync.api.sinks import ALL
 from nosync.codec import pack
 from nosync.modes.nosync.messages import NosyncOp
-from nosync.modes.nosync.outlog import pack_residues
 from nosync.runtime import control, frames
 from nosync.runtime.keyed import JoinOp, KeyedOp
 from nosync.runtime.operators import EOS
@@ -150,8 +148,9 @@ class Snapshots:
                 runs[i] = op.take_increments()
             elif isinstance(op, KeyedOp):
                 runs[i] = op.take_updates()
-        # the residue is compressed on the packer thread; the snapshot waits for it
-        residue = self._packer().submit(self._pack_residue, self.outlog.uncovered())
+        residue = self.outlog.residue()
+        runs[OUT] = residue
+        self.residue_bytes += sum(len(b["zstd"]) for b in residue.values())
         meta = {
             "step": self.step,
             "ops": {op.name: op.snapshot_meta() for op in worker.ops},
@@ -180,47 +179,27 @@ class Snapshots:
         }
         # packed now (the values taken are the live objects), added once the sinks settle
         at = self._point(worker, pcs)
-        self.staged = (self._batch(worker, runs, at), snapshot, at, time.thread_time() - t0, residue)
+        self.staged = (self._batch(worker, runs, at), snapshot, at, time.thread_time() - t0)
         self.snapshots += 1
         self.snapshot_step = self.step
         self.last_snapshot = time.monotonic()
         self._append_staged(worker)
 
     staged: tuple | None = None
-    """A snapshot taken and not yet appended: (batch, snapshot, point, cost, the residue's
-    packing)."""
-    residue_cpu_s = 0.0
-    """The packer thread's time compressing residues."""
-    _packer_pool: ThreadPoolExecutor | None = None
-
-    def _packer(self) -> ThreadPoolExecutor:
-        """The thread that compresses the snapshots' residues (zstd, without the GIL)."""
-        if self._packer_pool is None:
-            self._packer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nosync-residue")
-        return self._packer_pool
-
-    def _pack_residue(self, uncovered: dict[int, list]) -> dict[int, dict]:
-        t0 = time.thread_time()
-        out = pack_residues(uncovered)
-        self.residue_cpu_s += time.thread_time() - t0  # read on the processing thread once done
-        return out
+    """A snapshot taken and not yet appended: (batch, snapshot, point, cost)."""
 
     def _append_staged(self, worker: Worker) -> bool:
-        """Appends the snapshot taken (`staged`) once its residue is compressed and its sinks'
-        pre-commits are staged (`SinkPart.settled`: a sink may finish them on a thread of its
-        own), so that no snapshot in the store lists pre-committed files a restore would not
-        find. Until then nothing else is appended: the snapshot's seq is the next. Returns
-        whether none waits."""
+        """Appends the snapshot taken (`staged`) once its sinks' pre-commits are staged
+        (`SinkPart.settled`: a sink may finish them on a thread of its own), so that no
+        snapshot in the store lists pre-committed files a restore would not find. Until then
+        nothing else is appended: the snapshot's seq is the next. Returns whether none waits."""
         if self.staged is None:
             return True
-        batch, snapshot, at, cost, residue = self.staged
-        if not residue.done() or not all(s.part.settled() for s in worker.sinks):
+        if not all(s.part.settled() for s in worker.sinks):
             return False
+        batch, snapshot, at, cost = self.staged
         self.staged = None
         t0 = time.thread_time()
-        out = residue.result()
-        self.residue_bytes += sum(len(b["zstd"]) for b in out.values())
-        self.store.prepare(batch.seq, {OUT: out}, into=batch)
         self._append(worker, batch, snapshot, at)
         p = self.pending[-1]
         p.cost = cost + time.thread_time() - t0

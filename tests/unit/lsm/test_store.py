@@ -201,33 +201,6 @@ def test_seqs_must_be_ints_strictly_above_the_last(open_store: OpenStore) -> Non
     assert s.get("s", "a", as_of=5) == 5
 
 
-def test_a_prepared_batch_holds_the_values_as_they_were_and_is_added_in_seq_order(open_store: OpenStore) -> None:
-    """`prepare` packs the runs at once (a value changed after it is not seen), reads see
-    nothing of them until `add`, runs prepared into the batch join it (not those of a state it
-    has already), and a batch whose seq another append took first is refused."""
-    s = open_store()
-    s.append(1, {"s": {"a": 1}})
-    live = ["x"]
-    batch = s.prepare(2, {"s": {"a": live, "b": 2}})
-    live.append("changed after prepare")
-    s.prepare(2, {"t": {"k": "joined"}}, into=batch)
-    with pytest.raises(LsmError, match="state 's'"):
-        s.prepare(2, {"s": {"b": 3}}, into=batch)
-    assert s.last_seq == 1
-    assert s.get("s", "a") == 1
-    with pytest.raises(SeqOrderError):
-        s.prepare(3, {"t": {"k": 0}}, into=batch)
-    assert s.add(batch) > 0
-    assert s.last_seq == 2
-    assert s.load("s") == {"a": ["x"], "b": 2}
-    assert s.load("t") == {"k": "joined"}
-    late = s.prepare(3, {"s": {"a": 3}})
-    s.append(3, {"s": {"a": "first"}})
-    with pytest.raises(SeqOrderError):
-        s.add(late)
-    assert s.get("s", "a") == "first"
-
-
 def assert_nothing_added(s: Store) -> None:
     """What the refusing tests' stores hold: seq 1 only, then a valid seq 2 lands."""
     assert s.last_seq == 1
