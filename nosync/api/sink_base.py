@@ -80,16 +80,6 @@ class SinkPart:
             self.pending.setdefault(e, []).extend(recs)
         return self.commit(1 << 62)
 
-    def settled(self) -> bool:
-        """Whether every durable pre-commit made so far is durable already. A part may finish
-        one in the background (`precommit` then returns its handle at once): a snapshot or
-        checkpoint that records the handle counts as durable only once this holds. Raises
-        the error the background met, once. The base does everything at once: always True."""
-        return True
-
-    def settle(self) -> None:
-        """Waits until `settled`; raises the error the background met."""
-
     def sync(self) -> None:
         """Makes the commits made so far survive a crash of the machine, not only of the
         process (a commit need not: this is called before a snapshot or checkpoint records

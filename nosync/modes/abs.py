@@ -300,15 +300,14 @@ class AbsHooks(WorkerHooks):
             head.release(ahead["chans"])
 
     def poll(self, worker: Worker) -> None:
-        """Acknowledges, oldest first, the checkpoints every instance has snapshotted, whose
-        sinks' pre-commits are staged (`SinkPart.settled`) and whose stores are durable on the
-        checkpoint tier."""
+        """Acknowledges, oldest first, the checkpoints every instance has snapshotted and whose
+        stores are durable on the checkpoint tier."""
         if not self.pending:
             return
         for n in sorted(self.pending):
             p = self.pending[n]
-            if p["left"] or not all(s.part.settled() for s in worker.sinks):
-                return  # a sink's pre-commit may still be on its way to its staging area
+            if p["left"]:
+                return
             now = time.perf_counter()
             for store, row, t in p["stores"]:
                 if store.durable(self.tier) < n:

@@ -454,12 +454,10 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         return not self.away and not self.replaying and all(self.up.get(j) for j in worker.out)
 
     def can_finish(self, worker: Worker) -> bool:
-        """Whether every step is in a lineage point, no snapshot awaits its append and no
-        append its durability, the sinks committed everything and every link to a peer
-        resumed."""
+        """Whether every step is in a lineage point, no append awaits durability, the sinks
+        committed everything and every link to a peer resumed."""
         return (
             self.point_step == self.step
-            and self.staged is None
             and not self.pending
             and not any(s.uncommitted for s in worker.sinks)
             and all(self.resumed.get(j) for j in worker.out)

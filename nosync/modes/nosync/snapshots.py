@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lineage import Step
 from lsm import ValueEncodingError
@@ -91,10 +91,11 @@ class Snapshots:
             made.append([s.name, seq, upto])
         return made
 
-    def _point(self, worker: Worker, pcs: list) -> tuple[dict, int, int, int]:
-        """The lineage point of the next append, as of now: the entries held that no earlier
-        point persisted, the sinks' pre-commits `pcs` made under the next seq, the frontier.
-        Returns it with the frontier, the step and the records read."""
+    def _append(self, worker: Worker, runs: dict, snapshot: dict | None, pcs: list) -> None:
+        """One append to the store at the next seq: `runs`, and a lineage point (the entries
+        held that no earlier point persisted, the sinks' pre-commits `pcs` made under that
+        seq, the frontier)."""
+        seq = self.store.last_seq + 1
         entries = {o: self.stash.delta(PERSISTED, o) for o in self.stash.origins()}
         frontier = self._frontier(worker)
         point = {
@@ -103,29 +104,19 @@ class Snapshots:
             "pc": pcs,
             "frontier": frontier,
         }
-        self.point_step = self.step
-        self.last_point = time.monotonic()
-        self.sink_frontiers = {s.name: s.frontier for s in worker.sinks}
-        return point, frontier, self.step, sum(s.records_in for s in worker.sources)
-
-    def _batch(self, worker: Worker, runs: dict, at: tuple[dict, int, int, int]) -> Any:
-        """The store's batch (`Store.prepare`) of `runs` and the lineage point `at` (`_point`)
-        at the next seq: packed now, added by `_append`."""
-        runs[LINEAGE] = {0: pack(at[0])}
+        runs[LINEAGE] = {0: pack(point)}
         try:
-            return self.store.prepare(self.store.last_seq + 1, runs)
+            size = self.store.append(seq, runs)
         except ValueEncodingError as e:
             raise worker.ops[e.state].state_error(e) from None
-
-    def _append(self, worker: Worker, batch: Any, snapshot: dict | None, at: tuple[dict, int, int, int]) -> None:
-        """Adds `batch` (`_batch`) to the store; it is pending until durable."""
-        _, frontier, step, read = at
-        seq = batch.seq
-        size = self.store.add(batch)
         self.store.persist(self.store_tier)
         self.level_marks.append((seq, time.monotonic()))
         self.unpersisted += size
-        self.pending.append(Pending(seq, step, frontier, snapshot, size, read))
+        read = sum(s.records_in for s in worker.sources)
+        self.pending.append(Pending(seq, self.step, frontier, snapshot, size, read))
+        self.point_step = self.step
+        self.last_point = time.monotonic()
+        self.sink_frontiers = {s.name: s.frontier for s in worker.sinks}
         self.points += 1
         self.point_bytes += size
 
@@ -137,8 +128,7 @@ class Snapshots:
         # the epochs still open, can commit only once the last of them is safe
         sealed = self._precommit(worker, self.store.last_seq + 1, everything=False)
         if sealed:
-            at = self._point(worker, sealed)
-            self._append(worker, self._batch(worker, {}, at), None, at)
+            self._append(worker, {}, None, sealed)
         seq = self.store.last_seq + 1
         # before the metadata, which holds the sinks' pre-commits
         pcs = self._precommit(worker, seq, everything=True)
@@ -177,38 +167,16 @@ class Snapshots:
             "consumed": dict(self.consumed),
             "produced": dict(self.produced),
         }
-        # packed now (the values taken are the live objects), added once the sinks settle
-        at = self._point(worker, pcs)
-        self.staged = (self._batch(worker, runs, at), snapshot, at, time.thread_time() - t0)
+        self._append(worker, runs, snapshot, pcs)
+        self.pending[-1].cost = time.thread_time() - t0
         self.snapshots += 1
+        self.snapshot_bytes += self.pending[-1].size
         self.snapshot_step = self.step
         self.last_snapshot = time.monotonic()
-        self._append_staged(worker)
-
-    staged: tuple | None = None
-    """A snapshot taken and not yet appended: (batch, snapshot, point, cost)."""
-
-    def _append_staged(self, worker: Worker) -> bool:
-        """Appends the snapshot taken (`staged`) once its sinks' pre-commits are staged
-        (`SinkPart.settled`: a sink may finish them on a thread of its own), so that no
-        snapshot in the store lists pre-committed files a restore would not find. Until then
-        nothing else is appended: the snapshot's seq is the next. Returns whether none waits."""
-        if self.staged is None:
-            return True
-        if not all(s.part.settled() for s in worker.sinks):
-            return False
-        batch, snapshot, at, cost = self.staged
-        self.staged = None
-        t0 = time.thread_time()
-        self._append(worker, batch, snapshot, at)
-        p = self.pending[-1]
-        p.cost = cost + time.thread_time() - t0
-        self.snapshot_bytes += p.size
-        return True
 
     def _under_way(self) -> int:
         """Snapshots taken and not yet durable."""
-        return sum(1 for p in self.pending if p.snapshot is not None) + (self.staged is not None)
+        return sum(1 for p in self.pending if p.snapshot is not None)
 
     def poll(self, worker: Worker) -> None:
         """Once per loop iteration: installs loaded state, takes a snapshot or a lineage point when
@@ -216,10 +184,6 @@ class Snapshots:
         if self.loader is not None:
             self.loader.install_done(worker)
         self._replicate(worker)
-        if not self._append_staged(worker):
-            if self.pending:
-                self._durable(worker)
-            return
         now = time.monotonic()
         if worker.sinks:
             ended = all(s.frontier == EOS for s in worker.sinks)
@@ -243,8 +207,7 @@ class Snapshots:
                 or now - self.last_point >= POINT_S
                 or (self._sinks_moved(worker) and now - self.last_point >= POINT_GAP_S)
             ):
-                at = self._point(worker, self._precommit(worker, self.store.last_seq + 1, everything=False))
-                self._append(worker, self._batch(worker, {}, at), None, at)
+                self._append(worker, {}, None, self._precommit(worker, self.store.last_seq + 1, everything=False))
         if self.cut_steps and self.step - self.last_cut >= self.cut_steps:
             self._cut(worker)
         if self.pending:

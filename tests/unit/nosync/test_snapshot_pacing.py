@@ -7,7 +7,6 @@ fact, not a timing. The worker is a stand-in for what the hooks use of it."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -15,13 +14,10 @@ import pytest
 
 import nosync as ns
 from lsm import Store
-from nosync.codec import unpack
 from nosync.modes.nosync import NosyncHooks
 from nosync.modes.nosync.outlog import OutputLog
 from nosync.runtime import control
 from nosync.runtime.graph import make_op
-from nosync.runtime.operators import SinkOp
-from nosync.state.layout import META
 
 
 class StandInSource:
@@ -176,48 +172,4 @@ def test_a_generous_budget_keeps_the_shortest_interval(tmp_path):
         settle(hooks, worker)
         assert hooks.interval_s == 60.0, "the interval left --persist-ms though persistence was within budget"
     finally:
-        hooks.store.close()
-
-
-class Clock:
-    ts = 0.0
-
-
-def test_a_snapshot_is_added_to_the_store_only_once_its_sink_staged_its_precommit(tmp_path):
-    """A Files sink stages a snapshot's pre-commit on a thread of its own; no snapshot in the
-    store may name pre-committed files a restore would not find. While that thread is held (by
-    a job of the test's own, queued first), the snapshot is taken but not added, nor is any
-    lineage point after it; once the thread is free, the next poll adds it, and the files its
-    metadata names are in the staging area."""
-    p = ns.Pipeline("p")
-    sink_def = ns.sinks.Files(str(tmp_path / "out"))
-    p.source(ns.sources.Generator(records=0)).sink(sink_def, name="out")
-    sink = SinkOp(p.node("out"), sink_def.open_part(0, "run"), Clock())
-    sink.add_input("in")
-    sink.push([1, 2, 3], 4, "in")
-    hooks, worker = hooks_on(tmp_path, ops=[sink])
-    worker.sinks = [sink]
-    gate = threading.Event()
-    sink.part._later(0, gate.wait, 60)
-    try:
-        before = hooks.store.last_seq
-        step_and_poll(hooks, worker)
-        assert hooks.snapshots == 1
-        for _ in range(3):
-            step_and_poll(hooks, worker)
-        assert hooks.store.last_seq == before, "the store took an append before the sink staged"
-        assert hooks.store.versions(META, 0) == []
-        gate.set()
-        wait_until("the sink's staging", sink.part.settled)
-        hooks.poll(worker)
-        metas = hooks.store.versions(META, 0)
-        assert [seq for seq, _ in metas] == [before + 1]
-        [(c, handle)] = unpack(metas[0][1])["ops"]["out"]["precommitted"]
-        assert c == before + 1
-        assert handle["records"] == 3
-        staged = set(os.listdir(tmp_path / "out" / "_staging"))
-        assert handle["files"] and set(handle["files"]) <= staged
-    finally:
-        gate.set()
-        sink.part.close()
         hooks.store.close()

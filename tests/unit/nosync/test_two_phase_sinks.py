@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import threading
-import time
 
 import msgpack
 import pytest
@@ -27,15 +24,6 @@ FILE_FORMATS = ["jsonl", "parquet"]
 def stored(handle):
     """`handle` as it comes back from a checkpoint file (same msgpack options)."""
     return msgpack.unpackb(msgpack.packb(handle, use_bin_type=True), raw=False, use_list=False, strict_map_key=False)
-
-
-def precommitted(part, *args):
-    """`part.precommit(*args)` once it is durable (`settled`: a part may stage it on a thread
-    of its own), its handle as a checkpoint stores it."""
-    handle = part.precommit(*args)
-    part.settle()
-    assert part.settled()
-    return stored(handle)
 
 
 def visible(directory) -> list[str]:
@@ -68,14 +56,14 @@ def test_files_precommit_is_invisible_survives_a_crash_and_commits_once(tmp_path
 
     part = sink.open_part(2, "run-1")
     part.write(1, earlier)
-    h4 = precommitted(part, 4)
+    h4 = stored(part.precommit(4))
     part.commit_precommit(4, h4)
     assert sink.read_committed() == earlier
 
     part.write(3, a)
     part.write(6, b)
     assert part.has_staged()
-    handle = precommitted(part, 7)
+    handle = stored(part.precommit(7))
     assert not part.has_staged()
     # staged durably, outside the committed output
     assert sink.read_committed() == earlier
@@ -109,7 +97,7 @@ def test_files_commit_precommit_after_a_crash_commits_once(tmp_path, fmt):
     a = rows("a", 4)
     part = sink.open_part(0, "run-1")
     part.write(0, a)
-    handle = precommitted(part, 1)
+    handle = stored(part.precommit(1))
     del part  # a crash: the writer is gone without close()
     assert sink.read_committed() == []
 
@@ -135,7 +123,7 @@ def test_leveldb_precommit_is_invisible_survives_a_crash_and_commits_once(tmp_pa
     part.write(2, [("a", 1), ("b", [1, 2])])
     part.write(5, [(("t", 1), {"m": 1})])
     assert part.has_staged()
-    handle = precommitted(part, 4)
+    handle = stored(part.precommit(4))
     assert not part.has_staged()
     assert staging(kv) == ["w0001-c0000000004.msgpack"]
     del part  # a crash: the writer is gone without close()
@@ -168,7 +156,7 @@ def test_leveldb_later_checkpoint_wins_and_a_repeated_earlier_commit_does_not_ro
     handles = []
     for c, recs in batches.items():
         part.write(c, recs)
-        handles.append((c, precommitted(part, c)))
+        handles.append((c, stored(part.precommit(c))))
     for c, h in handles:
         part.commit_precommit(c, h)
     for c in sorted(batches):
@@ -211,9 +199,9 @@ def test_files_checkpoint_cutting_an_epoch_gives_two_files(tmp_path, fmt):
     a, b = rows("a", 3), rows("b", 2)
     part = sink.open_part(0, "run")
     part.write(5, a)
-    h1 = precommitted(part, 1)
+    h1 = stored(part.precommit(1))
     part.write(5, b)
-    h2 = precommitted(part, 2)
+    h2 = stored(part.precommit(2))
     assert staging(out) == [cname(5, 0, 1, fmt), cname(5, 0, 2, fmt)]
     assert sink.read_committed() == []
 
@@ -230,9 +218,9 @@ def test_leveldb_checkpoint_cutting_an_epoch_keeps_both_halves(tmp_path):
     sink = ns.sinks.LevelDB(str(kv))
     part = sink.open_part(0, "run")
     part.write(5, [("a", 1), ("b", 1)])
-    h1 = precommitted(part, 1)
+    h1 = stored(part.precommit(1))
     part.write(5, [("b", 2), ("c", 2)])
-    h2 = precommitted(part, 2)
+    h2 = stored(part.precommit(2))
     assert staging(kv) == ["w0000-c0000000001.msgpack", "w0000-c0000000002.msgpack"]
     part.commit_precommit(1, h1)
     part.close()
@@ -257,16 +245,16 @@ def test_files_recover_discards_later_checkpoints_of_this_worker_only(tmp_path, 
     w0 = sink.open_part(0, "run-1")
     w1 = sink.open_part(1, "run-1")
     w0.write(0, a)
-    h1 = precommitted(w0, 1)
+    h1 = stored(w0.precommit(1))
     w0.commit_precommit(1, h1)
     w0.write(1, b)
     w0.commit_precommit(2, w0.precommit(2))  # committed, then recovery falls back past it
     w0.write(2, c3)
-    h3 = precommitted(w0, 3)  # staged only
+    h3 = stored(w0.precommit(3))  # staged only
     w1.write(1, d)
     w1.commit_precommit(2, w1.precommit(2))
     w1.write(2, e)
-    h3_w1 = precommitted(w1, 3)
+    h3_w1 = stored(w1.precommit(3))
     assert sink.read_committed() == a + b + d
     del w0  # a crash: the writer is gone without close()
 
@@ -318,14 +306,14 @@ def test_leveldb_recover_discards_later_staging_and_keeps_committed_values(tmp_p
     w0 = sink.open_part(0, "run-1")
     w1 = sink.open_part(1, "run-1")
     w0.write(0, [("k", 1), ("j", 1)])
-    h1 = precommitted(w0, 1)
+    h1 = stored(w0.precommit(1))
     w0.commit_precommit(1, h1)
     w0.write(1, [("k", 2), ("x", 2)])
-    h2 = precommitted(w0, 2)
+    h2 = stored(w0.precommit(2))
     w0.write(2, [("k", 3)])
-    h3 = precommitted(w0, 3)
+    h3 = stored(w0.precommit(3))
     w1.write(1, [("y", 2)])
-    h2_w1 = precommitted(w1, 2)
+    h2_w1 = stored(w1.precommit(2))
     assert staging(kv) == ["w0000-c0000000002.msgpack", "w0000-c0000000003.msgpack", "w0001-c0000000002.msgpack"]
     del w0  # a crash: the writer is gone without close()
 
@@ -354,7 +342,7 @@ def test_files_workers_in_one_directory_do_not_collide(tmp_path, fmt):
     handles = {}
     for w, part in parts.items():
         part.write(4, data[w])
-        handles[w] = precommitted(part, 9)  # the same epoch and checkpoint on every worker
+        handles[w] = stored(part.precommit(9))  # the same epoch and checkpoint on every worker
     assert staging(out) == [cname(4, w, 9, fmt) for w in range(3)]
     for w in (2, 0, 1):
         parts[w].commit_precommit(9, handles[w])
@@ -377,7 +365,7 @@ def test_leveldb_workers_in_one_directory_do_not_collide(tmp_path):
     handles = []
     for w, part in enumerate(parts):
         part.write(0, [(f"k{w}", w), (f"shared-by-{w}", [w])])
-        handles.append(precommitted(part, 1))
+        handles.append(stored(part.precommit(1)))
     assert staging(kv) == [f"w{w:04d}-c0000000001.msgpack" for w in range(3)]
     for w in (1, 2, 0):
         parts[w].commit_precommit(1, handles[w])
@@ -439,7 +427,7 @@ def test_files_commit_of_a_missing_staged_file_fails_naming_it(tmp_path, fmt):
     part = sink.open_part(1, "run")
     part.write(2, rows("x", 2))
     part.write(3, rows("y", 1))
-    handle = precommitted(part, 4)
+    handle = stored(part.precommit(4))
     lost = cname(3, 1, 4, fmt)
     os.unlink(out / "_staging" / lost)
     with pytest.raises(RunFailed, match=re.escape(lost)):
@@ -452,67 +440,14 @@ def test_files_commit_of_a_missing_staged_file_fails_naming_it(tmp_path, fmt):
 def test_precommit_with_nothing_staged_commits_nothing(tmp_path):
     files = ns.sinks.Files(str(tmp_path / "out"))
     part = files.open_part(0, "run")
-    h = precommitted(part, 1)
+    h = stored(part.precommit(1))
     assert part.commit_precommit(1, h) == 0
     assert visible(tmp_path / "out") == [] and staging(tmp_path / "out") == []
 
     kv = ns.sinks.LevelDB(str(tmp_path / "kv"))
     part = kv.open_part(0, "run")
-    h = precommitted(part, 1)
+    h = stored(part.precommit(1))
     assert part.commit_precommit(1, h) == 0
     part.close()
     assert staging(tmp_path / "kv") == []
     assert kv.read_committed() == {}
-
-
-@pytest.mark.parametrize("fmt", FILE_FORMATS)
-def test_files_durable_precommit_is_staged_by_the_parts_own_thread(tmp_path, fmt):
-    """A durable pre-commit returns its handle at once, naming its files; the part's finisher
-    thread finishes and stages them, and `settled` says when. The thread is held by a job of
-    the test's own (queued first), so "not staged yet" is a fact, not a timing."""
-    out = tmp_path / "out"
-    sink = ns.sinks.Files(str(out), format=fmt)
-    part = sink.open_part(0, "run")
-    gate = threading.Event()
-    part._later(0, gate.wait, 60)
-    a, b = rows("a", 3), rows("b", 2)
-    part.write(2, a)
-    part.write(3, b)
-    try:
-        handle = stored(part.precommit(5))
-        assert handle["files"] == (cname(2, 0, 5, fmt), cname(3, 0, 5, fmt))
-        assert handle["records"] == 5
-        assert not part.settled()
-        assert not set(handle["files"]) & set(staging(out))
-        gate.set()
-        part.settle()
-        assert part.settled()
-        assert staging(out) == [cname(2, 0, 5, fmt), cname(3, 0, 5, fmt)]
-        assert part.commit_precommit(5, handle) == 5
-        assert sink.read_committed() == a + b
-    finally:
-        gate.set()
-        part.close()
-
-
-def test_files_error_on_the_finisher_thread_is_raised_on_the_callers(tmp_path):
-    """What the finisher thread fails with (here: its staging area removed under it) is raised
-    where the part is next asked whether it settled, naming the file."""
-    out = tmp_path / "out"
-    sink = ns.sinks.Files(str(out), format="jsonl")
-    part = sink.open_part(0, "run")
-    gate = threading.Event()
-    part._later(0, gate.wait, 60)
-    part.write(1, rows("a", 2))
-    try:
-        part.precommit(2)
-        shutil.rmtree(out / "_staging")
-        gate.set()
-        wait_for = time.monotonic() + 30
-        with pytest.raises(FileNotFoundError, match="inprogress"):
-            while not part.settled():
-                assert time.monotonic() < wait_for, "the finisher thread did not end its job in 30 s"
-                time.sleep(0.005)
-    finally:
-        gate.set()
-        part.close()
