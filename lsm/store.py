@@ -368,13 +368,12 @@ class Store:
         `seq` is above every seq before it; KeyEncodingError or ValueEncodingError (naming the
         state and key) for what cannot be stored, and nothing is added then.
         """
-        return self.add(self.prepare(seq, runs))
-
-    def prepare(self, seq: int, runs: Mapping[Any, Any]) -> Batch:
-        """`append`'s first half: the runs at `seq`, checked and packed (copied), not added
-        yet (`add`): for a caller that must take its state now and add it a little later,
-        nothing appended in between."""
-        self._check_seq(seq)
+        if self._closed:
+            raise StoreClosedError(f"store {self.path} is closed")
+        if type(seq) is not int or seq <= self._last or seq > MAX_SEQ:
+            raise SeqOrderError(
+                f"append seq {seq!r} to {self.path}: seqs must be ints above the last one ({self._last})"
+            )
         if not isinstance(runs, Mapping):
             raise LsmError(f"append seq {seq} to {self.path}: runs are a mapping of states, not {type(runs).__name__}")
         built: dict[bytes, PendingRun] = {}
@@ -390,21 +389,7 @@ class Store:
             else:
                 keys, values = _columns(updates)
                 built[sb] = self._pending(seq, state, keys, values)
-        return Batch(seq, built)
-
-    def _check_seq(self, seq: int) -> None:
-        if self._closed:
-            raise StoreClosedError(f"store {self.path} is closed")
-        if type(seq) is not int or seq <= self._last or seq > MAX_SEQ:
-            raise SeqOrderError(
-                f"append seq {seq!r} to {self.path}: seqs must be ints above the last one ({self._last})"
-            )
-
-    def add(self, batch: Batch) -> int:
-        """`append`'s second half: adds a batch `prepare` made. Raises SeqOrderError unless its
-        seq is still above every seq before it. Returns the bytes its runs take."""
-        self._check_seq(batch.seq)
-        seq, built = batch.seq, batch.runs
+        batch = Batch(seq, built)
         with self._lock:
             self._batches.append(batch)
             self._last = seq
