@@ -167,9 +167,11 @@ class _LogsOutput(KeyedOp):
     record then costs nothing here. So does the next interval's, when the one before had
     more updates than keys. That holds from the start, and after a restore once the state was
     taken whole again: until then the updates are noted as changed keys meanwhile, in case it
-    cannot be (a restore still loading it). Should it not be after all (a value not plain
-    msgpack), every key counts as changed, once (these operators never delete a key), and
-    updates are noted again until a take of the whole state succeeds."""
+    cannot be (a restore still loading it). Should it not be after all, every key counts as
+    changed, once (these operators never delete a key), and updates are noted again until a
+    take of the whole state succeeds. The state taken whole is a key column and a value
+    column, which the store packs as it packs changed keys: values of any type it stores
+    (tuples, lists, sets...) come back as they were, so no value needs looking at first."""
 
     full_after = FULL_AFTER
     """FULL_AFTER for this operator (math.inf: never taken whole)."""
@@ -188,11 +190,7 @@ class _LogsOutput(KeyedOp):
         self._whole_ok = True
         """Whether the last try to take the state whole succeeded, or none was made since the
         start (not since a restore: `forget_updates`). Only then are the updates not noted while
-        the next one is due (a state of tuples, never taken whole, notes them after its first
-        try)."""
-        self._plain = False
-        """Whether every value of the state is known to be plain msgpack: it was when last
-        taken whole, and every batch since was checked to be (so `take_full` need not look)."""
+        the next one is due."""
 
     def note_changes(self, records: list, out: list | None) -> None:
         if not out:
@@ -203,12 +201,9 @@ class _LogsOutput(KeyedOp):
             self.full_due = True
         if self.full_due and self._whole_ok:
             # the next snapshot takes the state whole: nothing to note per record meanwhile
-            # (should it not, every key counts as changed); the values are checked then
-            self._plain = False
+            # (should it not, every key counts as changed)
             return
         plain = not self.by_keys and set(map(type, map(_second, out))) <= _PLAIN
-        if not plain:
-            self._plain = False
         if plain and not self.full_due:
             try:
                 # a map, not an array of pairs: half the packing, and decoded straight into a dict
@@ -219,22 +214,16 @@ class _LogsOutput(KeyedOp):
         self.dirty.update(map(_first, out))
 
     def take_full(self) -> Updates | None:
-        """The whole state as one run of every live key (`Updates(full=True)`), packed by one
-        msgpack call, forgetting the updates collected; None, and nothing forgotten, when a
-        value is not plain msgpack (its type would not come back) or the state is not all here
-        (a restore still loading it: the keys not loaded yet are live too).
+        """The whole state as one run of every live key (`Updates(full=True)`): its key
+        column and its value column (the live values: the store packs each column in one
+        call before the next record is processed), forgetting the updates collected; None,
+        and nothing forgotten, when the state is not all here (a restore still loading it:
+        the keys not loaded yet are live too).
 
         When the interval just ended had more updates than the state has keys, the next
         snapshot takes the state whole too, and the updates until then are not noted at all."""
         state = self.state
         if self.loader is not None:
-            return None
-        if not self._plain and not set(map(type, state.values())) <= _PLAIN:
-            return None
-        try:
-            packed = _PAIRS.pack(state)
-        except (OverflowError, ValueError, TypeError):
-            _PAIRS.reset()
             return None
         again = self._noted > self.full_after * len(state)
         self.dirty = set()
@@ -242,10 +231,11 @@ class _LogsOutput(KeyedOp):
         self._noted = self._since_full = 0
         self.full_due = again
         self._whole_ok = True
-        self._plain = True
-        return Updates([], [], [(len(state), packed)], True, full=True)
+        return Updates(list(state), list(state.values()), [], True, full=True)
 
     def take_updates(self) -> Updates:
+        if self.full_due and self._whole_ok and not self._since_full:
+            return Updates([], [], [], True)  # no update since the state was taken whole
         if self.full_due:
             full = self.take_full()
             if full is not None:
@@ -270,7 +260,6 @@ class _LogsOutput(KeyedOp):
     def forget_updates(self) -> None:
         super().forget_updates()
         self._noted = 0
-        self._plain = False  # a restore replaces the state: its values are checked again
         self._whole_ok = False
 
 
