@@ -22,7 +22,7 @@ every version a read inside the retention window can see.
 On open, a torn log tail is cut back to the last intact record; damage in the middle raises
 CorruptLogError with the file and offset, a damaged run with the store, state and seq. One
 process owns a store directory (StoreLockedError for the next). FORMAT.md defines every byte
-written, and its version (2).
+written, and its version (3).
 """
 
 from lsm.codec import TOMBSTONE

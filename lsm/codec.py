@@ -15,12 +15,16 @@ tuples, so that decoded keys are hashable and a list key is the tuple key. `key_
 xxh3-64 of a key's own msgpack bytes: stable across processes and Python versions (Python's
 `hash` of a str is not), and computed for a whole column with C calls only.
 
-A column is packed by one call, so a run's columns cost C time, not Python time per key.
+A column is packed by one call, so a run's columns cost C time, not Python time per key. A
+value column of tuples of scalars (a keyed average's (sum, count)) is packed as plain arrays
+and marked so (`pack_column`'s third result, a run flag): decoding it makes every array a
+tuple, so neither side calls Python per value, where an extension type would.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from typing import Any
 
@@ -131,16 +135,47 @@ def pack_values(value: Any) -> bytes:
         raise
 
 
-def pack_column(values: list) -> tuple[bytes, bool]:
-    """The bytes of a value column, and whether it holds a deletion (seen while packing: no
-    second pass over the values)."""
+SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
+"""The exact types a tuple column's items may have (`pack_column`)."""
+
+
+def _tuple_packer() -> msgpack.Packer:
+    """A packer that writes tuples as plain arrays (no `default`: nothing else reaches it)."""
+    p = getattr(_local, "tuples", None)
+    if p is None:
+        p = _local.tuples = msgpack.Packer(use_bin_type=True, strict_types=False)
+    return p
+
+
+def pack_column(values: list) -> tuple[bytes, bool, bool]:
+    """The bytes of a value column, whether it holds a deletion (seen while packing: no second
+    pass over the values), and whether it is a tuple column: every value a tuple whose items
+    are scalars (exact types, `SCALARS`), packed as plain arrays for `unpack_column(b, True)`,
+    which makes every array a tuple. Deciding that takes two passes over the types at C speed;
+    any other column goes through the value packer, its tuples as extension types."""
+    items = itertools.chain.from_iterable
+    if values and set(map(type, values)) == {tuple} and set(map(type, items(values))) <= SCALARS:
+        p = _tuple_packer()
+        try:
+            return p.pack(values), False, True
+        except BaseException:
+            p.reset()
+            raise
     _local.tombstones = False
-    return pack_values(values), _local.tombstones
+    return pack_values(values), _local.tombstones, False
 
 
 def unpack_values(data: bytes) -> Any:
     """The value `pack_values` wrote: lists as lists, tuples as tuples, TOMBSTONE for a deletion."""
     return msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+
+
+def unpack_column(data: bytes, tuples: bool) -> list:
+    """A value column `pack_column` wrote; `tuples`: what it said of the column (every array
+    is then a tuple)."""
+    if tuples:
+        return list(msgpack.unpackb(data, use_list=False, raw=False, strict_map_key=False, ext_hook=_ext_hook))
+    return unpack_values(data)
 
 
 def pack_keys(keys: Any) -> bytes:

@@ -26,11 +26,20 @@ import msgpack
 import numpy as np
 import xxhash
 
-from lsm.codec import TOMBSTONE, key_hashes, pack_keys, pack_values, unpack_keys, unpack_values
+from lsm.codec import (
+    TOMBSTONE,
+    key_hashes,
+    pack_column,
+    pack_keys,
+    pack_values,
+    unpack_column,
+    unpack_keys,
+    unpack_values,
+)
 from lsm.errors import CorruptLogError, FormatVersionError
 
 RUN_MAGIC = b"NSRN"
-RUN_VERSION = 2
+RUN_VERSION = 3
 MULTI = 1
 """Flag: the run holds a seq column and a history block (a merge wrote it)."""
 HASHED = 2
@@ -40,6 +49,11 @@ FULL = 4
 """Flag: the run holds every live key of its state as of its first seq (a key it lacks is
 deleted there), and, merged, at every seq of its range: a read at or after its first seq
 needs no older run of the state."""
+TUPLES = 8
+"""Flag: the values section is a tuple column (`codec.pack_column`): every array in it is a
+tuple."""
+H_TUPLES = 16
+"""Flag: the h_values section is a tuple column."""
 HEADER = struct.Struct("<4sHHQQIIIIQQQ11I")
 SECTIONS = (
     "pairs",
@@ -136,7 +150,7 @@ class PendingRun:
     the deletions that are a key's last column (a key deleted and then set again in one batch
     is set)."""
 
-    __slots__ = ("seq", "_n", "_keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest", "full")
+    __slots__ = ("seq", "_n", "_keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest", "full", "tuples")
     hashed = False
     """Whether `lookup` needs the key's hash (an append's run is searched as a dict)."""
 
@@ -150,10 +164,13 @@ class PendingRun:
         pairs_b: bytes = b"",
         npairs: int = 0,
         full: bool = False,
+        tuples: bool = False,
     ) -> None:
         self.seq = seq
         self.full = full
         """Whether the run holds every live key of its state (`FULL`)."""
+        self.tuples = tuples
+        """Whether `values_b` is a tuple column (`TUPLES`)."""
         self._n = n
         self._keys: tuple | None = None
         self.keys_b = keys_b
@@ -194,7 +211,7 @@ class PendingRun:
     @property
     def values(self) -> list:
         """The value column, decoded anew: the caller owns what it gets."""
-        return unpack_values(self.values_b)
+        return unpack_column(self.values_b, self.tuples)
 
     def pairs(self) -> dict | tuple:
         """The pairs, decoded anew: a dict of each key's last (a map), or the pairs in order."""
@@ -252,7 +269,7 @@ class PendingRun:
             b"",
             b"",
         ]
-        flags = FULL if self.full else 0
+        flags = (FULL if self.full else 0) | (TUPLES if self.tuples else 0)
         return _assemble(
             self.seq, self.seq, flags, self._n, len(self.dels), 0, *ALL_HASHES, sections, npairs=self.npairs
         )
@@ -369,7 +386,7 @@ class RunView:
     def values(self) -> list:
         """The value column, decoded anew: the caller owns what it gets (nothing it changes
         can reach what the store reads later)."""
-        return unpack_values(self._raw("values")) if self.n else []
+        return unpack_column(self._raw("values"), bool(self.flags & TUPLES)) if self.n else []
 
     def _cached_values(self) -> list:
         """The value column decoded once, for look-ups: never handed out (`own`)."""
@@ -383,7 +400,11 @@ class RunView:
         newest first."""
         if not self.nhist:
             return (), [], np.zeros(0, _U64), np.zeros(0, _U64)
-        return self._history_keys(), unpack_values(self._raw("h_values")), self._u64("h_seqs"), self._u64("h_hashes")
+        return self._history_keys(), self._history_values(), self._u64("h_seqs"), self._u64("h_hashes")
+
+    def _history_values(self) -> list:
+        """The history block's value column, decoded anew."""
+        return unpack_column(self._raw("h_values"), bool(self.flags & H_TUPLES))
 
     def pairs(self) -> dict | tuple:
         """The pairs, decoded anew: a dict of each key's last (a map), or the pairs in order."""
@@ -434,7 +455,7 @@ class RunView:
             for x in range(i, j):
                 if hseqs[x] <= as_of and hkeys[x] == key:
                     if self._hvalues is None:
-                        self._hvalues = unpack_values(self._raw("h_values"))
+                        self._hvalues = self._history_values()
                     return own(self._hvalues[x])  # newest first: the first one old enough
         return MISSING
 
@@ -595,17 +616,20 @@ def _build(
     lat_h = H[lat]
     lat_dels = np.flatnonzero(deleted[keep_latest]).astype(_U32)
     hmin, hmax = _bounds(lat_h)
+    lat_b, _, lat_tuples = pack_column(lat_values)
+    hist_b, _, hist_tuples = pack_column(hist_values)
+    flags |= (TUPLES if lat_tuples else 0) | (H_TUPLES if hist_tuples else 0)
     sections = [
         b"",
         lat_h.astype(_U64).tobytes(),
         np.arange(len(lat_keys), dtype=_U32).tobytes(),
         pack_keys(lat_keys),
-        pack_values(lat_values),
+        lat_b,
         lat_dels.tobytes(),
         S[lat].astype(_U64).tobytes(),
         H[hist].astype(_U64).tobytes(),
         pack_keys(hist_keys),
-        pack_values(hist_values),
+        hist_b,
         S[hist].astype(_U64).tobytes(),
     ]
     return _assemble(lo, hi, flags, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections)

@@ -428,7 +428,7 @@ class Store:
         except (TypeError, ValueError, OverflowError) as e:
             raise KeyEncodingError(f"{where}: {e}") from None
         try:
-            values_b, deleted = pack_column(values)
+            values_b, deleted, tuples = pack_column(values)
         except (TypeError, ValueError, OverflowError):
             for k, v in zip(keys, values, strict=True):
                 try:
@@ -443,7 +443,7 @@ class Store:
             if len(last) < len(keys):
                 dels = [i for i in dels if last[keys[i]] == i]
         npairs, pairs_b = join_pairs(pairs) if pairs else (0, b"")
-        return PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs, full)
+        return PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs, full, tuples)
 
     def _publish_locked(self, disk_changed: bool = True) -> None:
         """REQUIRES: _lock held (or no other thread yet). Replaces the read view; a LevelDB

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import lsm.run
 from lsm import TOMBSTONE, CorruptLogError, FormatVersionError, KeyEncodingError, Store, Updates
-from lsm.codec import pack_keys, pack_values
+from lsm.codec import pack_column, pack_keys
 from lsm.run import MISSING, PendingRun, RunView, image, join_pairs, merge, truncate
 
 HEADER = struct.Struct("<4sHHQQIIIIQQQ11I")
@@ -44,8 +44,9 @@ SECTIONS = (
     "h_values",
     "h_seqs",
 )
-MULTI, HASHED = 1, 2
-"""FORMAT.md's flags: bit 0, bit 1."""
+MULTI, HASHED, TUPLES, H_TUPLES = 1, 2, 8, 16
+"""FORMAT.md's flags: bit 0, bit 1, bit 3, bit 4."""
+SCALAR_TYPES = (int, float, str, bytes, bool, type(None))
 ALL_HASHES = (0, 2**64 - 1)
 """hmin, hmax of a run that is not HASHED: every key hash may be in it."""
 WHERE = "test-store: run of state 's' at seq 7"
@@ -87,9 +88,10 @@ def pending(seq: int, columns: list[tuple[object, object]], pairs: list[tuple[ob
     values = [v for _, v in columns]
     last = {k: i for i, k in enumerate(keys)}
     dels = [i for i, v in enumerate(values) if v is TOMBSTONE and last[keys[i]] == i]
+    values_b, _, tuples = pack_column(values)
     if not pairs:
-        return PendingRun(seq, len(keys), pack_keys(keys), pack_values(values), dels)
-    return PendingRun(seq, len(keys), pack_keys(keys), pack_values(values), dels, pack_pairs(pairs), len(pairs))
+        return PendingRun(seq, len(keys), pack_keys(keys), values_b, dels, tuples=tuples)
+    return PendingRun(seq, len(keys), pack_keys(keys), values_b, dels, pack_pairs(pairs), len(pairs), tuples=tuples)
 
 
 def view(run: PendingRun | bytes) -> RunView:
@@ -187,11 +189,23 @@ def section(data: bytes, name: str) -> bytes:
     raise KeyError(name)
 
 
+def check_tuple_flags(data: bytes) -> None:
+    """FORMAT.md: a values (h_values) section flagged TUPLES (H_TUPLES) is a plain msgpack array
+    of arrays whose items are scalars, read back as tuples."""
+    f = fields(data)
+    for flag, name in ((TUPLES, "values"), (H_TUPLES, "h_values")):
+        if f["flags"] & flag:
+            column = msgpack.unpackb(section(data, name), use_list=True, raw=False, strict_map_key=False)
+            assert column and all(type(v) is list for v in column), name
+            assert all(type(x) in SCALAR_TYPES for v in column for x in v), name
+
+
 def check_append_layout(data: bytes) -> None:
     """FORMAT.md: a run written by `append` is one seq, neither MULTI nor HASHED: no hash, order,
     seq or history section, and every key hash in its range."""
     f = fields(data)
-    assert f["flags"] == 0 and f["lo"] == f["hi"] and f["nhist"] == 0
+    assert f["flags"] & ~TUPLES == 0 and f["lo"] == f["hi"] and f["nhist"] == 0
+    check_tuple_flags(data)
     assert (f["hmin"], f["hmax"]) == ALL_HASHES
     assert [f["lengths"][s] for s in ("hashes", "order", "seqs", "h_hashes", "h_keys", "h_values", "h_seqs")] == [0] * 7
     assert len(data) == HEADER_SIZE + sum(f["lengths"].values())
@@ -201,7 +215,8 @@ def check_merged_layout(data: bytes) -> None:
     """FORMAT.md: a merged run is MULTI and HASHED, holds no pairs, and its hash column is the
     sorted key hash of its key column (recomputed here), hmin/hmax its ends (1, 0 when empty)."""
     f = fields(data)
-    assert f["flags"] == MULTI | HASHED
+    assert f["flags"] & ~(TUPLES | H_TUPLES) == MULTI | HASHED
+    check_tuple_flags(data)
     assert f["npairs"] == 0 and f["lengths"]["pairs"] == 0
     keys = msgpack.unpackb(section(data, "keys"), use_list=False) if f["n"] else ()
     hashes = np.frombuffer(section(data, "hashes"), "<u8").tolist()
@@ -225,7 +240,7 @@ def test_a_run_of_one_append_is_laid_out_as_format_md_says() -> None:
     p = pending(7, columns, pairs)
     data = p.encode()
     f = fields(data)
-    assert f["magic"] == b"NSRN" and f["version"] == 2
+    assert f["magic"] == b"NSRN" and f["version"] == 3
     assert (f["lo"], f["hi"], f["n"], f["ndel"], f["nhist"], f["npairs"]) == (7, 7, 6, 1, 0, 4)
     # the checksum covers the header's other 100 bytes (0..56, 64..108), then the body
     assert f["checksum"] == xxhash.xxh3_64_intdigest(data[:56] + data[64:HEADER_SIZE] + data[HEADER_SIZE:])
@@ -264,6 +279,47 @@ def test_an_empty_run_holds_nothing_and_an_empty_merged_run_no_hash_range() -> N
         d = {"x": 1}
         run.apply(d)
         assert d == {"x": 1}
+
+
+def test_a_column_of_tuples_of_scalars_is_plain_arrays_flagged_tuples() -> None:
+    """FORMAT.md: a value column whose every value is a tuple of scalars is a plain msgpack
+    array of arrays, flagged TUPLES, and reads back as tuples; as a merge's latest and history
+    blocks too (TUPLES, H_TUPLES)."""
+    one = [("a", (1, 2.5)), ("b", ("x", None, b"y", True)), ("c", ())]
+    data = pending(1, one).encode()
+    check_append_layout(data)
+    assert fields(data)["flags"] == TUPLES
+    assert section(data, "values") == msgpack.packb([list(v) for _, v in one], use_bin_type=True)
+    r = view(data)
+    assert [(type(v), v) for v in r.values] == [(tuple, v) for _, v in one]
+    assert all(type(r.lookup(k, spec_hash(k), 1)) is tuple for k, _ in one)
+    two = [("a", (3, 4.5)), ("d", (5,))]
+    merged = view(merge([r, view(pending(2, two))], -1, base=True))
+    check_merged_layout(merged.data)
+    assert merged.flags == MULTI | HASHED | TUPLES | H_TUPLES
+    assert merged.as_of(1) == dict(one) and merged.as_of(2) == dict(one) | dict(two)
+    assert all(type(v) is tuple for v in [*merged.values, *merged.history[1]])
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        [(1, (2,))],  # a tuple in a tuple
+        [(1,), [2]],  # a list among tuples
+        [(1,), TOMBSTONE],  # a deletion among tuples
+        [(frozenset({1}),)],  # a container in a tuple
+        [(1, [2])],
+        [],
+    ],
+    ids=["nested-tuple", "list", "deletion", "frozenset", "list-in-tuple", "empty"],
+)
+def test_a_column_that_is_not_all_tuples_of_scalars_keeps_its_extension_types(column: list) -> None:
+    """FORMAT.md: any other column is not flagged TUPLES; its tuples are ext 2 and read back as
+    tuples, its lists as lists."""
+    columns = [(f"k{i}", v) for i, v in enumerate(column)]
+    data = pending(1, columns).encode()
+    assert fields(data)["flags"] == 0
+    assert repr(view(data).values) == repr(column)
 
 
 @settings(max_examples=200)
@@ -689,7 +745,7 @@ def test_merge_keeps_exactly_the_versions_a_read_at_or_after_the_horizon_can_see
     horizon = data.draw(st.integers(-1, hi + 1), label="horizon")
     merged = view(merge([view(pending(*batch)) for batch in history], horizon, base))
     model = Versions(history)
-    assert merged.flags == MULTI | HASHED, "a merged run is MULTI and HASHED"
+    assert merged.flags & ~(TUPLES | H_TUPLES) == MULTI | HASHED, "a merged run is MULTI and HASHED"
     assert (merged.lo, merged.hi) == (history[0][0], hi)
     versions = kept(merged)
     assert {(k, s) for k, vs in versions.items() for s, _ in vs} == expected_entries(model, horizon, base)
@@ -886,7 +942,7 @@ def test_a_run_with_another_magic_is_corrupt(sample: str) -> None:
 
 
 @pytest.mark.parametrize("sample", SAMPLES)
-@pytest.mark.parametrize("version", [0, 1, 3, 0xFFFF])
+@pytest.mark.parametrize("version", [0, 1, 2, 4, 0xFFFF])
 def test_a_run_of_another_format_version_is_refused_naming_it(sample: str, version: int) -> None:
     data = bytearray(SAMPLES[sample]())
     struct.pack_into("<H", data, 4, version)
@@ -923,7 +979,7 @@ def test_a_damaged_run_on_the_disk_tier_names_the_store_the_state_and_the_seq(tm
 
 def log_segment(*records: tuple[int, dict[bytes, bytes]]) -> bytes:
     """A log segment written by hand from FORMAT.md: header, then framed records."""
-    out = b"NSLSMLOG" + struct.pack("<II", 2, 0)
+    out = b"NSLSMLOG" + struct.pack("<II", 3, 0)
     for seq, runs in records:
         payload = struct.pack("<Q", seq) + msgpack.packb(runs, use_bin_type=True)
         out += b"LSMR" + struct.pack("<IQ", len(payload), xxhash.xxh3_64_intdigest(payload, len(payload))) + payload
@@ -966,19 +1022,21 @@ def test_a_damaged_run_in_an_intact_log_record_names_the_store_the_state_and_the
 # -- the format version of a store directory -------------------------------------------------
 
 
-def test_a_store_directory_of_format_version_1_is_refused(tmp_path) -> None:  # noqa: ANN001
-    """A version 1 store (one LevelDB entry per key version) is refused, never migrated: the
-    manifest is written by hand with FORMAT.md's header layout."""
-    path = tmp_path / "v1"
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_directory_of_an_older_format_version_is_refused(tmp_path, version) -> None:  # noqa: ANN001
+    """A version 1 store (one LevelDB entry per key version) or version 2 store (tuple columns
+    as extension types, no TUPLES flag) is refused, never migrated: the manifest is written by
+    hand with FORMAT.md's header layout."""
+    path = tmp_path / f"v{version}"
     path.mkdir()
     body = msgpack.packb({"store_id": "0" * 32, "remote": ""})
-    manifest = b"NSLSMMAN" + struct.pack("<IIQ", 1, len(body), xxhash.xxh3_64_intdigest(body)) + body
+    manifest = b"NSLSMMAN" + struct.pack("<IIQ", version, len(body), xxhash.xxh3_64_intdigest(body)) + body
     (path / "MANIFEST").write_bytes(manifest)
     for attempt in (1, 2):  # a refused open leaves the directory unlocked
         with pytest.raises(FormatVersionError) as ei:
             Store(str(path))
         assert ei.value.path == str(path / "MANIFEST"), attempt
-        assert "format version 1," in str(ei.value), attempt
+        assert f"format version {version}," in str(ei.value), attempt
     assert (path / "MANIFEST").read_bytes() == manifest
     assert sorted(os.listdir(path)) == ["LOCK", "MANIFEST"], "a refused store was written to"
 

@@ -424,8 +424,11 @@ def test_values_keep_their_types_on_every_tier(open_store: OpenStore) -> None:
     from memory, LevelDB, a merged run's latest and history blocks, a reopen, and a restore
     from a base image on the remote tier."""
     s = open_store(merge_fanout=2, budget=0, uploads=True)
-    s.append(1, {"v": VALUES})
-    s.append(2, {"v": {k: [v] for k, v in VALUES.items()}, "w": VALUES})  # about as big: merged
+    # "t": columns of tuples of scalars (FORMAT.md: TUPLES), in the latest and history blocks
+    t1 = {i: (i, i / 2, str(i), None, b"b", True) for i in range(40)}
+    t2 = {i: (-i,) for i in range(0, 40, 2)} | {40: ()}
+    s.append(1, {"v": VALUES, "t": t1})
+    s.append(2, {"v": {k: [v] for k, v in VALUES.items()}, "w": VALUES, "t": t2})  # about as big: merged
     s.append(3, {"b": {"bytes": bytearray(b"ab"), "view": memoryview(b"cd")}})
     want = {k: typed(v) for k, v in VALUES.items()}
 
@@ -434,6 +437,9 @@ def test_values_keep_their_types_on_every_tier(open_store: OpenStore) -> None:
         assert {k: typed(s.get("v", k, as_of=1)) for k in VALUES} == want, phase
         assert {k: typed(v) for k, v in s.load("w").items()} == want, phase
         assert typed(s.get("b", "bytes")) == ("bytes", b"ab") and s.get("b", "view") == b"cd", phase
+        assert {k: typed(v) for k, v in s.load("t", as_of=1).items()} == {k: typed(v) for k, v in t1.items()}, phase
+        assert {k: typed(v) for k, v in s.load("t").items()} == {k: typed(v) for k, v in (t1 | t2).items()}, phase
+        assert typed(s.get("t", 2, as_of=1)) == typed(t1[2]) and typed(s.get("t", 2)) == typed(t2[2]), phase
 
     for phase in phases(s):
         check_values(phase)
