@@ -301,6 +301,23 @@ def test_a_column_of_tuples_of_scalars_is_plain_arrays_flagged_tuples() -> None:
     assert all(type(v) is tuple for v in [*merged.values, *merged.history[1]])
 
 
+@pytest.mark.parametrize("n", [15, 16, 2500, 70_000])
+def test_a_long_tuple_column_is_one_msgpack_array(n: int) -> None:
+    """Whatever its length (the writer packs it in chunks), a tuple column is one msgpack array
+    of plain arrays; one list anywhere in it, even after thousands of tuples, makes it an
+    ordinary column."""
+    column = [(i, i / 3, str(i), None) for i in range(n)]
+    data = pending(1, [(i, v) for i, v in enumerate(column)]).encode()
+    assert fields(data)["flags"] == TUPLES
+    assert section(data, "values") == msgpack.packb([list(v) for v in column], use_bin_type=True)
+    assert view(data).values == column
+    column[-1] = list(column[-1])
+    data = pending(1, [(i, v) for i, v in enumerate(column)]).encode()
+    assert fields(data)["flags"] == 0
+    got = view(data).values
+    assert got == column and type(got[-1]) is list and type(got[0]) is tuple
+
+
 @pytest.mark.parametrize(
     "column",
     [
