@@ -72,6 +72,9 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
         )
         sys.exit(2)
     staged = staged_log()
+    # (exit code, message, whether Spark's output is kept) of an error, told once Spark's output
+    # goes back to the terminal: inside the block, file descriptor 2 is the staged log
+    failed: tuple[int, str, bool] | None = None
     with scratch_near(run_dir, "nosync-state-") as scratch, spark_log(verbose, staged):
         try:
             pipeline = load_pipeline(run["pipeline_file"], run.get("params") or {})
@@ -92,13 +95,16 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
                 master=master,
             )
         except PipelineError as e:
-            if os.path.exists(staged):
-                os.unlink(staged)  # a usage error: Spark's output says nothing more
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            failed = (2, f"error: {e}", False)  # a usage error: Spark's output says nothing more
         except NosyncError as e:
-            click.echo(f"error: {e}" + ("" if verbose else f" (Spark's own output: {staged})"), err=True)
-            sys.exit(1 if isinstance(e, RunFailed) else 2)
+            told = "" if verbose else f" (Spark's own output: {staged})"
+            failed = (1 if isinstance(e, RunFailed) else 2, f"error: {e}{told}", True)
+    if failed is not None:
+        code, message, keep = failed
+        if not keep and os.path.exists(staged):
+            os.unlink(staged)
+        click.echo(message, err=True)
+        sys.exit(code)
     if not verbose and os.path.exists(staged):
         os.unlink(staged)  # the state was computed: Spark's output holds nothing to keep
     state.sort(key=lambda kv: encode_key(kv[0]))

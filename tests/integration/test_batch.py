@@ -265,6 +265,11 @@ def test_state_errors_name_what_is_wrong(spark, tmp_path):
     assert proc.returncode == 2 and "cut by time (--epoch-ms 100)" in proc.stderr, proc.stderr
     proc = subprocess.run([*cli, str(tmp_path), "--operator", "x"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "has no run.json" in proc.stderr, proc.stderr
+    # an operator the pipeline lacks is told on the terminal, though Spark's output goes to a file
+    (run / "run.json").write_text(json.dumps({"pipeline_file": path, "params": {}, "workers": 2, "mode": "none"}))
+    proc = subprocess.run([*cli, str(run), "--operator", "nope"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "no operator named 'nope'" in proc.stderr, proc.stderr
+    assert "aggregate_1" in proc.stderr, proc.stderr
 
 
 def test_batch_jobs_send_bad_records_to_the_dead_letters_once_each(spark, tmp_path):
