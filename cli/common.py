@@ -46,6 +46,18 @@ def spark_log(verbose: bool, path: str) -> Iterator[None]:
         yield
 
 
+def kept_log(path: str) -> str | None:
+    """`path`, a staged Spark log, if Spark wrote anything there (worth naming with an error);
+    else None, the empty file removed (an error found before Spark started)."""
+    try:
+        if os.path.getsize(path) > 0:
+            return path
+        os.unlink(path)
+    except OSError:
+        pass
+    return None
+
+
 def staged_log() -> str:
     """Where Spark's output goes until the run directory is known (`move_log`)."""
     return os.path.join(tempfile.gettempdir(), f"nosync-spark-{os.getpid()}.log")

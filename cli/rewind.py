@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from cli.common import master_option, move_log, restore_from_option, spark_log, staged_log, verbose_option
+from cli.common import kept_log, master_option, move_log, restore_from_option, spark_log, staged_log, verbose_option
 
 
 @click.command("rewind")
@@ -57,8 +57,9 @@ def rewind_cmd(run_dir, operator, to_epoch, pipeline_file, output, restore_from,
                 restore_from=restore_from,
             )
     except (PipelineError, NosyncError) as e:
-        if not verbose:
-            click.echo(f"Spark's own output: {staged}", err=True)
+        log = None if verbose else kept_log(staged)
+        if log is not None:
+            click.echo(f"Spark's own output: {log}", err=True)
         if isinstance(e, RunFailed):
             click.echo(f"error: rewind failed: {e}", err=True)
             sys.exit(1)

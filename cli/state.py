@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from cli.common import master_option, restore_from_option, spark_log, staged_log, verbose_option
+from cli.common import kept_log, master_option, restore_from_option, spark_log, staged_log, verbose_option
 
 
 def _candidates(text: str) -> list:
@@ -97,13 +97,13 @@ def state_cmd(run_dir, operator, key, as_of_epoch, limit, restore_from, master, 
         except PipelineError as e:
             failed = (2, f"error: {e}", False)  # a usage error: Spark's output says nothing more
         except NosyncError as e:
-            told = "" if verbose else f" (Spark's own output: {staged})"
-            failed = (1 if isinstance(e, RunFailed) else 2, f"error: {e}{told}", True)
+            failed = (1 if isinstance(e, RunFailed) else 2, f"error: {e}", True)
     if failed is not None:
         code, message, keep = failed
+        log = kept_log(staged) if keep and not verbose else None
         if not keep and os.path.exists(staged):
             os.unlink(staged)
-        click.echo(message, err=True)
+        click.echo(message + ("" if log is None else f" (Spark's own output: {log})"), err=True)
         sys.exit(code)
     if not verbose and os.path.exists(staged):
         os.unlink(staged)  # the state was computed: Spark's output holds nothing to keep

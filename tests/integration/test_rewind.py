@@ -268,6 +268,8 @@ def test_rewind_errors_name_what_is_wrong(spark, tmp_path, original):
         timeout=60,
     )
     assert proc.returncode == 2 and "has no run.json" in proc.stderr, proc.stderr
+    # refused before Spark started: no log of Spark's to point at
+    assert "Spark's own output" not in proc.stderr, proc.stderr
     with pytest.raises(NosyncError, match="is a run in mode replay, which keeps no state to start from"):
         rewind(str(run_dir), "aggregate_1", E, output=str(tmp_path / "e"), spark=spark, restore_from="checkpoint")
 
