@@ -4,6 +4,7 @@ machine, two machines) and judges exactly-once."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 
@@ -106,6 +107,17 @@ def chaos_cmd(
     args = parse_params(params)
     if "output" in args:
         raise click.UsageError("chaos sets -p output=<run dir>/output for each run itself: drop -p output")
+    # a pipeline that does not load is a usage error of this command, told before any run
+    # starts (and before a directory is made for the runs)
+    from nosync.api.loader import load_pipeline
+    from nosync.errors import PipelineError
+
+    try:
+        load_pipeline(
+            pipeline_file, {**args, "output": os.path.join(out or tempfile.gettempdir(), "reference", "output")}
+        )
+    except PipelineError as e:
+        raise click.UsageError(str(e)) from None
     out = out or tempfile.mkdtemp(prefix="nosync-chaos-")
     options = {
         "epoch_records": epoch_records,

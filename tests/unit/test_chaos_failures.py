@@ -1,7 +1,7 @@
 """The failure classes of `nosync chaos` (experiments/failures.py): which mode and checkpoint
 level may face which class (every combination, against a table written here), what a lost
 machine takes from a run directory and what it leaves, and the check that a wipe came before
-the retry. The last test runs `nosync chaos` itself, refused before any run (no Spark)."""
+the retry. The last tests run `nosync chaos` itself, refused before any run (no Spark)."""
 
 from __future__ import annotations
 
@@ -174,3 +174,23 @@ def test_chaos_refuses_two_lost_machines_with_one_worker(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--failure two" in proc.stderr and "-w 2 or more" in proc.stderr
     assert not (tmp_path / "chaos").exists()
+
+
+def test_chaos_refuses_a_pipeline_that_does_not_load_before_any_run(tmp_path):
+    """A pipeline whose build raises is a usage error of `nosync chaos` itself, naming the file
+    and the error, with no run started (it was told as the reference run's refusal, after a
+    directory for the runs was made)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def build(args):\n    raise ValueError('no such table: ' + args['table'])\n")
+    out = tmp_path / "chaos"
+    proc = subprocess.run(
+        [*NOSYNC, "chaos", str(bad), "--mode", "nosync", "-p", "table=t9", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{bad}: build(args) raised ValueError: no such table: t9" in proc.stderr, proc.stderr
+    assert "refused its command line" not in proc.stderr and "[chaos]" not in proc.stderr, proc.stderr
+    assert not out.exists() or not os.listdir(out), "a run started"
