@@ -281,7 +281,9 @@ def _choose_start(
                     point = _snapshots_before(copy, int(run["workers"]), epoch, per_epoch, where, scratch)
         except (OSError, LsmError) as e:
             discard()
-            raise NosyncError(f"the stores of {run_dir} cannot be read: {e}") from None
+            # the copies' paths stand for the run's own stores
+            said = str(e).replace(os.path.join(scratch, "state"), os.path.join(run_dir, "state"))
+            raise NosyncError(f"the stores of {run_dir} cannot be read: {said}") from None
         why_not = point.get("why_not")
         if why_not is not None:
             discard()

@@ -71,12 +71,13 @@ def _in_use(path: str) -> bool:
     return False
 
 
-def _durable(path: str) -> dict:
-    """The seqs a store (a copy) holds and has made durable per tier."""
+def _durable(path: str, original: str) -> dict:
+    """The seqs a store (a copy at `path` of the run's store at `original`) holds and has made
+    durable per tier; an error names the run's store, not the copy."""
     try:
         s = read_store(path)
     except lsm.LsmError as e:
-        return {"error": str(e)}
+        return {"error": str(e).replace(path, original)}
     try:
         return {"last_seq": s.last_seq, "disk": s.durable("disk"), "remote": s.durable("remote")}
     finally:
@@ -178,7 +179,7 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
                 except OSError as e:
                     s["error"] = f"cannot be copied to be read: {e}"
                     continue
-                s.update(_durable(copy))
+                s.update(_durable(copy, s["path"]))
             if run.get("mode") == "nosync" and not run.get("epoch_ms"):
                 first = None if busy else _first_cut_epoch(copies, run)
                 info["snapshots"] = {"rewind_from_epoch": first}

@@ -447,6 +447,31 @@ def test_inspect_names_the_first_epoch_a_cut_of_snapshots_can_start(tmp_path, or
     assert listing(run_dir) == before, "inspect changed the run directory"
 
 
+def test_a_run_whose_store_is_of_an_older_format_is_refused_naming_the_run_s_store(tmp_path, original_nosync):
+    """A run whose worker 0 store was written by format version 2 (its manifest rewritten by
+    hand, FORMAT.md's header layout): inspect and a start from its snapshots name that store's
+    own manifest and the version, not the copies they read."""
+    import struct
+
+    import msgpack
+    import xxhash
+
+    src, _ = original_nosync
+    run_dir = tmp_path / "old"
+    shutil.copytree(src, run_dir)
+    manifest = run_dir / "state" / "w0" / "nosync" / "MANIFEST"
+    body = manifest.read_bytes()[24:]
+    assert msgpack.unpackb(body)["store_id"], "not a manifest body"
+    manifest.write_bytes(b"NSLSMMAN" + struct.pack("<IIQ", 2, len(body), xxhash.xxh3_64_intdigest(body)) + body)
+    said = f"{manifest}: format version 2, this build reads 3"
+    info = inspect_run(str(run_dir))
+    assert [s.get("error") for s in info["stores"]] == [said, None], info["stores"]
+    run, pipeline = load_run(run_dir)
+    with pytest.raises(NosyncError) as ei:
+        choose_start(str(run_dir), run, pipeline, None, str(tmp_path / "s"), "checkpoint")
+    assert str(ei.value) == f"the stores of {run_dir} cannot be read: {said}"
+
+
 def test_state_of_a_branch_whose_input_ended_before_the_cut(tmp_path):
     """two_branches: operator "twice" lies in stage 2, fed only by a source of 1,000 records
     that ends long before the cut; the other branch ends in stage 1. The batch jobs must still
