@@ -450,7 +450,8 @@ def chaos(
     failures of class `failure` (`experiments.failures`), drawn from `seed`; the runs go under
     `out`, with `options` passed to every `nosync run`. Returns the result `exit_code` and
     `nosync chaos` read. Raises NosyncError, before any run, for what cannot be judged as asked
-    (a usage error, or a mode and level that cannot survive the class: `refusal`), and
+    (a usage error, a pipeline that does not load, or a mode and level that cannot survive the
+    class: `refusal`), and
     RunFailed for a failure-free run that failed."""
     if mode == "none":
         raise NosyncError("mode none does not recover: a kill fails the run. chaos judges abs, nosync and replay")
@@ -462,6 +463,10 @@ def chaos(
         raise NosyncError(refused)
     pipeline_file = os.path.abspath(pipeline_file)
     out = os.path.abspath(out)
+    from nosync.api.loader import load_pipeline
+
+    # a pipeline that does not load (PipelineError) is refused too, as each run would refuse it
+    load_pipeline(pipeline_file, {**params, "output": os.path.join(out, "reference", "output")})
     if os.path.exists(out) and os.listdir(out):
         raise NosyncError(f"--out {out} is not empty: chaos keeps its runs there, give an empty or new directory")
     os.makedirs(out, exist_ok=True)
