@@ -153,26 +153,20 @@ the heap, are fetched into the cache once by the check and packed while they are
 (one pass over the whole column, then another, took four times as long)."""
 
 
-def _array_head(n: int) -> bytes:
-    if n <= 15:
-        return bytes([0x90 | n])
-    return b"\xdc" + n.to_bytes(2, "big") if n <= 0xFFFF else b"\xdd" + n.to_bytes(4, "big")
-
-
 def _tuple_column(values: list) -> bytes | None:
     """The bytes of `values` as a tuple column, or None if it is not one: every value a tuple
     whose items are of `SCALARS` (exact types, two passes over the types at C speed), packed
     as plain arrays, chunk by chunk, the chunks' own array headers cut."""
     p = _tuple_packer()
     items = itertools.chain.from_iterable
-    parts = [_array_head(len(values))]
     try:
+        parts = [p.pack_array_header(len(values))]
         for i in range(0, len(values), TUPLE_CHUNK):
             chunk = values[i : i + TUPLE_CHUNK]
             if set(map(type, chunk)) != {tuple} or not set(map(type, items(chunk))) <= SCALARS:
                 return None
             b = p.pack(chunk)
-            parts.append(b[len(_array_head(len(chunk))) :])
+            parts.append(b[len(p.pack_array_header(len(chunk))) :])
     except BaseException:
         p.reset()
         raise

@@ -132,14 +132,9 @@ def join_pairs(chunks: list[tuple[int, bytes]]) -> tuple[int, bytes]:
                 got = unpack_keys(b)
                 items.extend(got.items() if isinstance(got, dict) else got)
         return len(items), msgpack.Packer(use_bin_type=True).pack_map_pairs(items)
-    maps = kinds == {True}
-    if total <= 15:
-        head = bytes([(0x80 if maps else 0x90) | total])
-    elif total <= 0xFFFF:
-        head = (b"\xde" if maps else b"\xdc") + total.to_bytes(2, "big")
-    else:
-        head = (b"\xdf" if maps else b"\xdd") + total.to_bytes(4, "big")
-    return total, head + b"".join(b[1 if n <= 15 else 3 if n <= 0xFFFF else 5 :] for n, b in chunks if n)
+    p = msgpack.Packer()
+    head = p.pack_map_header if kinds == {True} else p.pack_array_header
+    return total, head(total) + b"".join(b[len(head(n)) :] for n, b in chunks if n)
 
 
 class PendingRun:
