@@ -811,9 +811,9 @@ class Store:
                 self._batches = [b for b in self._batches if b.seq <= to_seq]
                 self._persister.forget_encoded(to_seq)
                 self._last = to_seq
-                # everything at or below this is logged (or indexed); kept batches above it are not
-                self._logged = max(min(self._logged, to_seq), self._disk.applied)
-                self._logged = max(self._logged, self._log.last_seq)
+                # what a crash now recovers: the tiers' own last seq at or below to_seq (to_seq
+                # itself need not be a seq anything carried); kept batches above it are not logged
+                self._logged = max(self._disk.applied, self._log.last_seq)
                 carried = self._log.last_seq == to_seq or any(b.seq == to_seq for b in self._batches)
                 if to_seq >= 0 and not carried:
                     # no batch carries to_seq: an empty one does, so that last_seq == to_seq

@@ -1052,6 +1052,26 @@ def test_rollback_to_a_seq_without_a_batch_becomes_durable(open_store: OpenStore
     assert s.get("s", "a") == 1
 
 
+def test_a_second_rollback_into_a_gap_claims_no_more_durable_than_a_crash_recovers(
+    open_store: OpenStore,
+) -> None:
+    """A rollback to a seq no batch carried, below everything logged: what is durable is what
+    the tiers hold at or below it (here seq 1), not the seq before it (3, never appended), which
+    a crash cannot recover."""
+    s = open_store()
+    for seq in (1, 5, 9):
+        s.append(seq, {"s": {"a": seq}})
+    s.rollback(7)
+    assert s.flush("disk", timeout=TIMEOUT_S) == 7
+    s.rollback(4)
+    durable = s.durable("disk")
+    assert durable in (1, 4)  # seq 4's empty batch may be logged in the background already
+    s.abandon()
+    s = open_store()
+    assert durable <= s.last_seq <= 4
+    assert s.get("s", "a") == 1
+
+
 def test_rollback_after_reopen_into_a_segment_that_open_did_not_read(open_store: OpenStore) -> None:
     """On open, a segment wholly below what LevelDB indexed is not read; its last seq is taken
     to be one below the next segment's first. Rolling back into that gap must work."""
