@@ -203,7 +203,10 @@ class Persister(threading.Thread):
             self.compactor.request()
         return "disk"
 
-    def _log_batches(self, batches: list[Batch]) -> None:
+    def _log_batches(self, batches: list[Batch], wake: bool = True) -> None:
+        """Writes `batches` to the local log, one durable write. REQUIRES: tier lock held. Without
+        `wake`, waiters are told only when the first batch waiting to be indexed was logged
+        (the loop then sleeps until it is due)."""
         s = self.s
         records = []
         for b in batches:
@@ -220,10 +223,12 @@ class Persister(threading.Thread):
         with s._cond:
             s._logged = max(s._logged, batches[-1].seq)
             s._durable_disk = max(s._durable_disk, s._logged)
-            if self._logged_since is None:
+            first = self._logged_since is None
+            if first:
                 self._logged_since = time.monotonic()
             s.stats.logged_bytes += sum(len(p) for _, p in records)
-            s._cond.notify_all()
+            if wake or first:
+                s._cond.notify_all()
 
     def _index(self, batches: list[Batch]) -> None:
         """Puts the runs of logged batches into LevelDB (one write batch), then lets them go."""
@@ -298,6 +303,21 @@ class Persister(threading.Thread):
         s._log.drop_through(upto)
 
     # -- requests from the API thread -----------------------------------------------
+
+    def log_now(self, batch: Batch) -> bool:
+        """Logs `batch`, the only batch not yet logged, on the caller's thread
+        (`Store.append(log_now=True)`). Returns whether it did; a write that fails is left to
+        the loop, which retries it and reports the error. REQUIRES: tier lock held."""
+        s = self.s
+        t0 = time.thread_time()
+        try:
+            self._log_batches([batch], wake=False)
+        except Exception:  # noqa: BLE001 - the loop logs it again, and reports what fails
+            return False
+        finally:
+            s.stats.persist_cpu_s += time.thread_time() - t0
+        s.stats.logged_now += 1
+        return True
 
     def request_seal(self, target: int) -> None:
         """REQUIRES: store._lock held."""

@@ -64,6 +64,8 @@ DEFAULT_REMOTE = ""
 """The manifest's name for the default remote tier, `<store>/remote`: kept relative, so a copied
 store directory does not write to the original's remote tier."""
 VIEW_CACHE_BYTES = 512 << 20
+LOG_NOW_BYTES = 256 << 10
+"""The largest append `append(log_now=True)` writes on the caller's thread."""
 
 
 @dataclass
@@ -116,6 +118,8 @@ class StoreStats:
     appended_updates: int = 0
     appended_bytes: int = 0
     logged_bytes: int = 0
+    logged_now: int = 0
+    """Appends written to the log on the appending thread (`append(log_now=True)`)."""
     indexed_runs: int = 0
     uploaded_bytes: int = 0
     backpressure_s: float = 0.0
@@ -357,7 +361,7 @@ class Store:
 
     # -- writing ------------------------------------------------------------------
 
-    def append(self, seq: int, runs: Mapping[Any, Any]) -> int:
+    def append(self, seq: int, runs: Mapping[Any, Any], log_now: bool = False) -> int:
         """Gives each state named in `runs` a run at `seq`: its changed keys and their values,
         as a (keys, values) pair of sequences or as a mapping; the value TOMBSTONE deletes its
         key. Later columns win over earlier ones for the same key. Returns the bytes the runs
@@ -367,6 +371,14 @@ class Store:
         except while the memory bound is exceeded (backpressure). Raises SeqOrderError unless
         `seq` is above every seq before it; KeyEncodingError or ValueEncodingError (naming the
         state and key) for what cannot be stored, and nothing is added then.
+
+        With `log_now`, a small append (LOG_NOW_BYTES at most: a lineage point) is written to
+        the local log on the caller's thread, one durable write, when every append before it
+        is logged and no persister step is under way: durable("disk") reaches `seq` on return,
+        and the persister is not woken for it (its thread would take the GIL from the
+        caller's). Otherwise, and when that write fails, the persister logs it as any append
+        (and retries and reports a failure). Threads other than the caller that wait for the
+        disk tier may see it up to 50 ms late.
         """
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
@@ -390,13 +402,27 @@ class Store:
                 keys, values = _columns(updates)
                 built[sb] = self._pending(seq, state, keys, values)
         batch = Batch(seq, built)
-        with self._lock:
-            self._batches.append(batch)
-            self._last = seq
-            self._mem_bytes += batch.nbytes
-            self._publish_locked(disk_changed=False)
-            self._cond.notify_all()
-            over = self._mem_bytes > self.options.memory_bytes
+        # taken first, so that no persister step begins while the batch is in memory and not
+        # yet logged here (it would find nothing to do, and hold this thread up)
+        tiers = self._tier_lock if log_now and batch.nbytes <= LOG_NOW_BYTES else None
+        if tiers is not None and not tiers.acquire(blocking=False):
+            tiers = None  # a step is under way: the batch is the persister's
+        try:
+            with self._lock:
+                now = tiers is not None and self._logged >= self._last and self._error is None
+                self._batches.append(batch)
+                self._last = seq
+                self._mem_bytes += batch.nbytes
+                self._publish_locked(disk_changed=False)
+                if not now:
+                    self._cond.notify_all()
+                over = self._mem_bytes > self.options.memory_bytes
+            if now and not self._persister.log_now(batch):
+                with self._cond:
+                    self._cond.notify_all()
+        finally:
+            if tiers is not None:
+                tiers.release()
         st = self.stats
         st.appended_runs += len(built)
         st.appended_updates += sum(r.n + r.npairs for r in built.values())

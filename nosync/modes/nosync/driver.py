@@ -265,6 +265,7 @@ class NosyncMode(Mode):
             "output_log_peak_bytes": total("output_log_peak_bytes"),
             "snapshots": total("snapshots"),
             "lineage_points": total("lineage_points"),
+            "lineage_points_logged_here": total("lineage_points_logged_here"),
             "persist_share": total("persist_s") / (processing * len(per)) if processing and per else 0.0,
             "interval_ms_mean": 1000 * max((m.get("interval_s_mean", 0.0) for m in per), default=0.0),
             "interval_ms_max": 1000 * max((m.get("interval_s_max", 0.0) for m in per), default=0.0),

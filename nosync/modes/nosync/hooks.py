@@ -557,6 +557,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             "snapshots": self.snapshots,
             "snapshot_bytes": self.snapshot_bytes,
             "lineage_points": self.points,
+            "lineage_points_logged_here": st.logged_now if st else 0,
             "lineage_point_bytes": self.point_bytes - self.snapshot_bytes,
             "residue_bytes": self.residue_bytes,
             "output_log_peak_bytes": self.outlog.peak if self.outlog is not None else 0,

@@ -105,11 +105,15 @@ class Snapshots:
             "frontier": frontier,
         }
         runs[LINEAGE] = {0: pack(point)}
+        # a lineage point alone is logged on this thread when it can be: one durable write of a
+        # few hundred bytes costs less than the persister's wake-up and its hand-offs of the GIL
+        now = snapshot is None and self.store_tier == "disk"
         try:
-            size = self.store.append(seq, runs)
+            size = self.store.append(seq, runs, log_now=now)
         except ValueEncodingError as e:
             raise worker.ops[e.state].state_error(e) from None
-        self.store.persist(self.store_tier)
+        if not now or self.store.durable("disk") < seq:
+            self.store.persist(self.store_tier)
         self.level_marks.append((seq, time.monotonic()))
         self.unpersisted += size
         read = sum(s.records_in for s in worker.sources)

@@ -98,9 +98,9 @@ class DiskFault:
         monkeypatch.setattr(files, "write_durable", write_durable)
 
 
-def append(s: lsm.Store, model: Model, seqs: range) -> None:
+def append(s: lsm.Store, model: Model, seqs: range, log_now: bool = False) -> None:
     for seq in seqs:
-        s.append(seq, batch(SEED, seq))
+        s.append(seq, batch(SEED, seq), log_now=log_now)
     model.advance(seqs[-1])
 
 
@@ -130,19 +130,22 @@ def check_reopen(path: str, model: Model, last: int, where: str, uploads: bool =
 @pytest.mark.parametrize("how", ["write", "short-write", "fsync"])
 @pytest.mark.parametrize("end", ["close", "crash-after-recovery", "crash-during-fault"])
 @pytest.mark.parametrize("segment", ["append", "roll"])
-def test_disk_fault_surfaces_loses_nothing_and_clears(tmp_path, monkeypatch, how, err, end, segment) -> None:
-    """segment: the faulted log write appends to the open segment, or starts a new one."""
+@pytest.mark.parametrize("log_now", [False, True], ids=["persister", "log_now"])
+def test_disk_fault_surfaces_loses_nothing_and_clears(tmp_path, monkeypatch, how, err, end, segment, log_now) -> None:
+    """segment: the faulted log write appends to the open segment, or starts a new one.
+    log_now: every append asks to be logged on the appending thread (a lineage point's way),
+    so that the faulted write is that thread's first, the persister's after it."""
     fault = DiskFault(monkeypatch, how, err)
     path = str(tmp_path / "store")
     model = Model(SEED)
     s = lsm.Store(path, **{**OPTIONS, "segment_bytes": 1 << 20 if segment == "append" else 1})
     try:
-        append(s, model, range(BEFORE))
+        append(s, model, range(BEFORE), log_now)
         assert s.flush(timeout=10) == BEFORE - 1
         assert s.durable("disk") == BEFORE - 1
 
         fault.on = True
-        append(s, model, range(BEFORE, AFTER))
+        append(s, model, range(BEFORE, AFTER), log_now)
         with pytest.raises(lsm.PersistError) as ei:
             s.flush(timeout=10)
         e = ei.value
@@ -161,7 +164,7 @@ def test_disk_fault_surfaces_loses_nothing_and_clears(tmp_path, monkeypatch, how
         fault.on = False
         assert s.flush(timeout=10) == AFTER - 1
         assert s.durable("disk") == AFTER - 1
-        append(s, model, range(AFTER, AFTER + 5))
+        append(s, model, range(AFTER, AFTER + 5), log_now)
         assert s.flush(timeout=10) == AFTER + 4
         if end == "crash-after-recovery":
             s.abandon()

@@ -347,9 +347,10 @@ class StoreChecks(RuleBasedStateMachine):
                 for key in self.model.chains.get(state, {}):
                     self.check_get(state, key, as_of)
 
-    def append_runs(self, runs: dict[object, tuple], step: int) -> None:
+    def append_runs(self, runs: dict[object, tuple], step: int, log_now: bool = False) -> None:
         """Appends one batch: each state's (columns, as_pair) passed as a (keys, values) pair or
-        a mapping, or (columns, checked, chunks of pairs) passed as `lsm.Updates`."""
+        a mapping, or (columns, checked, chunks of pairs) passed as `lsm.Updates`; with
+        `log_now`, logged on this thread when the store can."""
         seq = self.model.last + step
         passed, model_runs = {}, {}
         for state, (cols, as_pair, *rest) in runs.items():
@@ -378,7 +379,7 @@ class StoreChecks(RuleBasedStateMachine):
                 mapping = {k: v for k, v, _ in cols}
                 passed[state] = mapping
                 model_runs[state] = list(mapping.items())
-        self.store.append(seq, passed)
+        self.store.append(seq, passed, log_now=log_now)
         self.model.append(seq, model_runs)
         self.last_high = max(self.last_high, seq)
 
@@ -515,6 +516,11 @@ class StoreMachine(StoreChecks):
         """A few appends in a row (enough of them that a state's runs call for merges)."""
         for runs, step in batches:
             self.append_runs(runs, step)
+
+    @rule(runs=st.dictionaries(st.sampled_from(STATES), updates_st, max_size=3), step=st.integers(1, 3))
+    def append_logged_now(self, runs: dict, step: int) -> None:
+        """An append logged on this thread when it can be (a lineage point's way)."""
+        self.append_runs(runs, step, log_now=True)
 
     @rule(pick=PICKS, then_flush=st.sampled_from([None, None, "disk", "remote"]))
     def rollback(self, pick: int, then_flush: str | None) -> None:

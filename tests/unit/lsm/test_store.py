@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
@@ -35,6 +36,7 @@ from lsm import (
     ValueEncodingError,
 )
 from lsm.files import copy_store, scratch_near
+from lsm.store import LOG_NOW_BYTES
 
 TIMEOUT_S = 5.0
 """Bound on every flush or wait that could hang: they all take milliseconds when they work."""
@@ -1508,3 +1510,82 @@ def test_a_rollback_into_a_merged_full_run_keeps_it_whole(open_store: OpenStore)
     s.rollback(4)
     assert s.load("s") == FULL_STATES[4]
     assert s.get("s", "b") is None
+
+
+# -- appends logged on the caller's thread (log_now) ------------------------------------------
+
+
+class HeldTiers:
+    """Holds the store's tier lock from another thread, as a persister step under way does."""
+
+    def __init__(self, s: Store) -> None:
+        self.s = s
+        self.held, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, daemon=True)
+
+    def _hold(self) -> None:
+        with self.s._tier_lock:
+            self.held.set()
+            self.release.wait(TIMEOUT_S)
+
+    def __enter__(self) -> HeldTiers:
+        self.thread.start()
+        assert self.held.wait(TIMEOUT_S)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.thread.join(TIMEOUT_S)
+
+
+def settled(s: Store) -> None:
+    """Waits until the persister is between steps: everything logged and its step over."""
+    s.flush(timeout=TIMEOUT_S)
+    with s._tier_lock:
+        pass
+
+
+def test_an_append_logged_now_is_durable_on_return_and_survives_a_crash(open_store: OpenStore) -> None:
+    # merges off and indexing far away, so that no persister step holds the tiers meanwhile
+    s = open_store(budget=0, index_delay_s=60.0)
+    s.append(1, {"s": {"a": 1}})
+    settled(s)
+    s.append(2, {"s": {"a": 2, "b": 2}}, log_now=True)
+    assert s.durable("disk") == 2
+    assert s.stats.logged_now == 1
+    s.append(3, {"s": {"a": 3}}, log_now=True)
+    assert s.durable("disk") == 3
+    assert s.stats.logged_now == 2
+    s.abandon()
+    s = open_store(budget=0)
+    assert s.last_seq == 3
+    assert s.load("s") == {"a": 3, "b": 2}
+    assert s.get("s", "a", as_of=2) == 2
+
+
+def test_an_append_logged_now_waits_its_turn_behind_a_step_or_an_earlier_append(open_store: OpenStore) -> None:
+    """While a step holds the tiers, or an earlier append is not logged yet, the append is the
+    persister's: nothing is logged out of order, and a flush makes all of it durable."""
+    s = open_store(budget=0, index_delay_s=60.0)
+    s.append(1, {"s": {"a": 1}})
+    settled(s)
+    with HeldTiers(s):
+        s.append(2, {"s": {"a": 2}}, log_now=True)  # a step is under way
+        assert s.durable("disk") == 1
+        s.append(3, {"s": {"a": 3}}, log_now=True)  # seq 2 is not logged
+        assert s.durable("disk") == 1
+    assert s.stats.logged_now == 0
+    assert s.flush(timeout=TIMEOUT_S) == 3
+    s.abandon()
+    s = open_store(budget=0)
+    assert s.last_seq == 3
+    assert [s.get("s", "a", as_of=q) for q in (1, 2, 3)] == [1, 2, 3]
+
+
+def test_a_large_append_is_not_logged_on_the_callers_thread(open_store: OpenStore) -> None:
+    s = open_store(budget=0, index_delay_s=60.0)
+    settled(s)
+    big = {"s": {i: "x" * 64 for i in range(LOG_NOW_BYTES // 64 + 1)}}
+    s.append(1, big, log_now=True)
+    assert s.stats.logged_now == 0
+    assert s.flush(timeout=TIMEOUT_S) == 1
