@@ -6,6 +6,8 @@ Layout (FORMAT.md), with p = encode_key(state) (prefix-free, so one state's entr
     0x02 | p | hi u64 BE   ->  the run's header (the catalog: read on open without the runs)
     0x00 "applied"         ->  (highest seq indexed + 1) u64 BE
     0x00 "horizon"         ->  (compaction horizon + 1) u64 BE
+    0x00 "rollback"        ->  (seq of a rollback under way + 1) u64 BE
+    0x00 "standin"         ->  (seq of the log's stand-in record + 1) u64 BE
 
 A seq's runs, their catalog entries and the `applied` marker go in one LevelDB write batch, so
 the runs and the marker agree after any crash; a merge replaces runs the same way. LevelDB
@@ -25,6 +27,7 @@ from lsm.run import FULL, HEADER
 META_APPLIED = b"\x00applied"
 META_HORIZON = b"\x00horizon"
 META_ROLLBACK = b"\x00rollback"
+META_STANDIN = b"\x00standin"
 RUN = b"\x01"
 CATALOG = b"\x02"
 _SEQ = struct.Struct(">Q")
@@ -83,6 +86,8 @@ class DiskTier:
         self.db = plyvel.DB(path, **LEVELDB_OPTIONS)
         self.applied = _meta_int(self.db, META_APPLIED, -1)
         self.horizon = _meta_int(self.db, META_HORIZON, -1)
+        self.standin = _meta_int(self.db, META_STANDIN, -1)
+        """The seq whose log record (empty) stands in for runs only this tier holds (-1: none)."""
         self.wrote = False
         """Whether anything was written since the open (else LevelDB's memtable is empty)."""
 
@@ -147,6 +152,17 @@ class DiskTier:
         """Makes the intent to roll back to `seq` durable: an open finishes what a crash left."""
         self.wrote = True
         self.db.put(META_ROLLBACK, _meta_bytes(seq), sync=True)
+
+    def set_standin(self, seq: int) -> None:
+        """Makes durable that the log's record of `seq` is a stand-in (empty) for runs only this
+        tier holds: the remote tier must get them from a base image, not from the log. -1 clears
+        it."""
+        self.wrote = True
+        if seq < 0:
+            self.db.delete(META_STANDIN, sync=True)
+        else:
+            self.db.put(META_STANDIN, _meta_bytes(seq), sync=True)
+        self.standin = seq
 
     def end_rollback(self) -> None:
         """Clears the rollback marker: the rollback `begin_rollback` announced is finished."""

@@ -156,6 +156,9 @@ class Persister(threading.Thread):
         held = s._durable_remote
         if held >= s._disk.applied:
             return None
+        if s._disk.standin > held:
+            # the log's record of that seq stands in for runs only LevelDB holds (a rollback)
+            return s._disk.applied
         first = next((seg.first for seg in s._log.segments if seg.last >= seg.first), s._disk.applied + 1)
         if first <= held + 1:
             return None
@@ -291,6 +294,8 @@ class Persister(threading.Thread):
             s._durable_remote = s.remote.durable()
             s.stats.uploaded_bytes += sum(len(r.packed) for r in records)
             s._cond.notify_all()
+        if 0 <= s._disk.standin <= s._durable_remote:
+            s._disk.set_standin(-1)  # the remote tier holds that seq from a base image
         self.drop_log()
 
     def drop_log(self) -> None:

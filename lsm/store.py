@@ -877,10 +877,15 @@ class Store:
         refs_added = self._disk.write(added, removed, applied=min(self._disk.applied, to_seq), sync=True)
         self.remote.drop_after(to_seq)
         self._log.truncate_after(to_seq)
+        if self._disk.standin > to_seq:
+            self._disk.set_standin(-1)  # its record is gone with the seqs above to_seq
         if to_seq >= 0 and self._disk.applied == to_seq and self._log.last_seq != to_seq:
             # LevelDB says to_seq now (it had indexed past it), so a crash recovers to_seq:
             # the log must hold a record of it, or the remote tier could never reach it
-            # (nothing at or below to_seq waits to be logged: an empty record carries it)
+            # (nothing at or below to_seq waits to be logged: an empty record carries it).
+            # The runs of to_seq, if any, are LevelDB's alone: marked first, so that the
+            # remote tier gets them from a base image, never from this empty record
+            self._disk.set_standin(to_seq)
             self._log.append([(to_seq, pack_keys({}))])
         self._disk.end_rollback()
         return removed, refs_added

@@ -1589,3 +1589,43 @@ def test_a_large_append_is_not_logged_on_the_callers_thread(open_store: OpenStor
     s.append(1, big, log_now=True)
     assert s.stats.logged_now == 0
     assert s.flush(timeout=TIMEOUT_S) == 1
+
+
+# -- a rollback's stand-in record and the remote tier -----------------------------------------
+
+
+def restored_from_remote(open_store: OpenStore, s: Store) -> Store:
+    """Closes `s`, deletes its local tiers and opens it again: what the remote tier restores."""
+    s.close()
+    for part in ("disk", "log"):
+        shutil.rmtree(os.path.join(s.path, part))
+    return open_store(uploads=True, budget=0)
+
+
+@pytest.mark.parametrize("remote_before", ["base image above the target", "log up to the seq before it"])
+def test_a_rollback_to_a_seq_only_leveldb_holds_keeps_its_runs_on_the_remote_tier(
+    open_store: OpenStore, remote_before: str
+) -> None:
+    """Seq 2's runs are in LevelDB alone (indexed, their log dropped by a compaction) when the
+    store rolls back to 2: the empty record logged to carry seq 2 must not reach the remote
+    tier in their place."""
+    s = open_store(uploads=True, budget=0)
+    s.append(1, {"s": {"x": 1}})
+    if remote_before != "base image above the target":
+        assert s.flush("remote", timeout=TIMEOUT_S) == 1
+    s.close()
+    s = open_store(uploads=False, budget=0)
+    s.append(2, {"s": {"a": 2}})
+    s.append(3, {"s": {"x": 3}})
+    s.compact()  # indexes 2 and 3 and drops their log
+    s.close()
+    s = open_store(uploads=True, budget=0)
+    if remote_before == "base image above the target":
+        assert s.flush("remote", timeout=TIMEOUT_S) == 3  # a base image of 3: the log lacks 1..3
+    s.rollback(2)
+    assert s.load("s") == {"x": 1, "a": 2}
+    assert s.flush("remote", timeout=TIMEOUT_S) == 2
+    s = restored_from_remote(open_store, s)
+    assert s.last_seq == 2
+    assert s.load("s") == {"x": 1, "a": 2}
+    assert s.get("s", "x", as_of=1) == 1
