@@ -230,7 +230,7 @@ class Persister(threading.Thread):
             if first:
                 self._logged_since = time.monotonic()
             s.stats.logged_bytes += sum(len(p) for _, p in records)
-            if wake or first:
+            if wake or first or self._index_due_locked():
                 s._cond.notify_all()
 
     def _index(self, batches: list[Batch]) -> None:
@@ -294,8 +294,6 @@ class Persister(threading.Thread):
             s._durable_remote = s.remote.durable()
             s.stats.uploaded_bytes += sum(len(r.packed) for r in records)
             s._cond.notify_all()
-        if 0 <= s._disk.standin <= s._durable_remote:
-            s._disk.set_standin(-1)  # the remote tier holds that seq from a base image
         self.drop_log()
 
     def drop_log(self) -> None:
@@ -306,6 +304,9 @@ class Persister(threading.Thread):
         if s.options.uploads:
             upto = min(upto, s._durable_remote)
         s._log.drop_through(upto)
+        standin = s._disk.standin
+        if standin >= 0 and all(seg.first > standin for seg in s._log.segments):
+            s._disk.set_standin(-1)  # the empty record is gone: nothing can upload it any more
 
     # -- requests from the API thread -----------------------------------------------
 

@@ -100,8 +100,9 @@ class StoreOptions:
     index_bytes: int = 1 << 20
     """See `index_delay_s`."""
     on_logged: Any = None
-    """Called by the persister, on its thread, with [(seq, record body)] of the records it just
-    wrote to the local log, in seq order (the bytes a replica of the log holds: `seed`
+    """Called by the persister, on its thread (or on the appending thread, for an append logged
+    there: `Store.append(log_now=True)`), with [(seq, record body)] of the records just
+    written to the local log, in seq order (the bytes a replica of the log holds: `seed`
     rebuilds a store from them). It must not block: hand the bytes to another thread."""
 
 
@@ -372,13 +373,13 @@ class Store:
         `seq` is above every seq before it; KeyEncodingError or ValueEncodingError (naming the
         state and key) for what cannot be stored, and nothing is added then.
 
-        With `log_now`, a small append (LOG_NOW_BYTES at most: a lineage point) is written to
-        the local log on the caller's thread, one durable write, when every append before it
-        is logged and no persister step is under way: durable("disk") reaches `seq` on return,
-        and the persister is not woken for it (its thread would take the GIL from the
-        caller's). Otherwise, and when that write fails, the persister logs it as any append
-        (and retries and reports a failure). Threads other than the caller that wait for the
-        disk tier may see it up to 50 ms late.
+        With `log_now`, a small append (LOG_NOW_BYTES at most: a lineage point) to a store that
+        does not upload is written to the local log on the caller's thread, one durable write,
+        when every append before it is logged and no persister step is under way:
+        durable("disk") reaches `seq` on return, and the persister is not woken for it (its
+        thread would take the GIL from the caller's). Otherwise, and when that write fails,
+        the persister logs it as any append (and retries and reports a failure). Threads other
+        than the caller that wait for the disk tier may see it up to 50 ms late.
         """
         if self._closed:
             raise StoreClosedError(f"store {self.path} is closed")
@@ -404,7 +405,7 @@ class Store:
         batch = Batch(seq, built)
         # taken first, so that no persister step begins while the batch is in memory and not
         # yet logged here (it would find nothing to do, and hold this thread up)
-        tiers = self._tier_lock if log_now and batch.nbytes <= LOG_NOW_BYTES else None
+        tiers = self._tier_lock if log_now and batch.nbytes <= LOG_NOW_BYTES and not self.options.uploads else None
         if tiers is not None and not tiers.acquire(blocking=False):
             tiers = None  # a step is under way: the batch is the persister's
         try:

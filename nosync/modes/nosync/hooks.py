@@ -15,13 +15,10 @@ every other worker it holds (causal logging); more than a header holds go in a L
 just before it. The frame stays in the sender's output log (`outlog.py`), in memory, until the
 receiver's durable point covers it.
 
-Durability comes in two sizes, both appends to the worker's `lsm` store. A snapshot is made
-durable by the store's persister in the background (the processing thread never waits for it,
-except past `max_unpersisted_mb` of appends not yet durable: backpressure, the stall time
-reported); a lineage point alone, a few hundred bytes, is written to the local log by the
-processing thread itself when nothing before it waits (`lsm.Store.append(log_now=True)`: one
-durable write, about 0.15 ms here, instead of a wake-up of the persister, whose thread would
-take the GIL from this one):
+Durability comes in two sizes, both appends to the worker's `lsm` store: a snapshot is made
+durable by its persister in the background (never waited for, except past `max_unpersisted_mb`
+not yet durable: backpressure, the stall reported), a point by this thread's own write when
+it can be (`snapshots.py`):
 
 - a **lineage point**, every few milliseconds when steps were taken, and at once when a sink's
   frontier advanced: the lineage entries held that no earlier point persisted (this worker's

@@ -141,6 +141,8 @@ def test_disk_fault_surfaces_loses_nothing_and_clears(tmp_path, monkeypatch, how
     s = lsm.Store(path, **{**OPTIONS, "segment_bytes": 1 << 20 if segment == "append" else 1})
     try:
         append(s, model, range(BEFORE), log_now)
+        # the first append, at least, finds an idle persister: logged on this thread
+        assert s.stats.logged_now > 0 if log_now else s.stats.logged_now == 0
         assert s.flush(timeout=10) == BEFORE - 1
         assert s.durable("disk") == BEFORE - 1
 

@@ -1060,7 +1060,8 @@ def test_a_second_rollback_into_a_gap_claims_no_more_durable_than_a_crash_recove
     """A rollback to a seq no batch carried, below everything logged: what is durable is what
     the tiers hold at or below it (here seq 1), not the seq before it (3, never appended), which
     a crash cannot recover."""
-    s = open_store()
+    # indexing far away: with seq 4 indexed, LevelDB would carry it and the old claim held
+    s = open_store(index_delay_s=60.0)
     for seq in (1, 5, 9):
         s.append(seq, {"s": {"a": seq}})
     s.rollback(7)
@@ -1069,7 +1070,7 @@ def test_a_second_rollback_into_a_gap_claims_no_more_durable_than_a_crash_recove
     durable = s.durable("disk")
     assert durable in (1, 4)  # seq 4's empty batch may be logged in the background already
     s.abandon()
-    s = open_store()
+    s = open_store(index_delay_s=60.0)
     assert durable <= s.last_seq <= 4
     assert s.get("s", "a") == 1
 
@@ -1563,7 +1564,9 @@ def test_an_append_logged_now_is_durable_on_return_and_survives_a_crash(open_sto
     assert s.get("s", "a", as_of=2) == 2
 
 
-def test_an_append_logged_now_waits_its_turn_behind_a_step_or_an_earlier_append(open_store: OpenStore) -> None:
+def test_an_append_logged_now_waits_its_turn_behind_a_step_or_an_earlier_append(
+    open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """While a step holds the tiers, or an earlier append is not logged yet, the append is the
     persister's: nothing is logged out of order, and a flush makes all of it durable."""
     s = open_store(budget=0, index_delay_s=60.0)
@@ -1572,14 +1575,20 @@ def test_an_append_logged_now_waits_its_turn_behind_a_step_or_an_earlier_append(
     with HeldTiers(s):
         s.append(2, {"s": {"a": 2}}, log_now=True)  # a step is under way
         assert s.durable("disk") == 1
-        s.append(3, {"s": {"a": 3}}, log_now=True)  # seq 2 is not logged
-        assert s.durable("disk") == 1
     assert s.stats.logged_now == 0
-    assert s.flush(timeout=TIMEOUT_S) == 3
+    settled(s)
+    # the persister takes no step now: seq 3 waits in memory, not logged
+    monkeypatch.setattr(s._persister, "_due_locked", lambda: False)
+    s.append(3, {"s": {"a": 3}})
+    s.append(4, {"s": {"a": 4}}, log_now=True)  # seq 3 is not logged: not before it
+    assert s.durable("disk") == 2
+    assert s.stats.logged_now == 0
+    monkeypatch.undo()
+    assert s.flush(timeout=TIMEOUT_S) == 4
     s.abandon()
     s = open_store(budget=0)
-    assert s.last_seq == 3
-    assert [s.get("s", "a", as_of=q) for q in (1, 2, 3)] == [1, 2, 3]
+    assert s.last_seq == 4
+    assert [s.get("s", "a", as_of=q) for q in (1, 2, 3, 4)] == [1, 2, 3, 4]
 
 
 def test_a_large_append_is_not_logged_on_the_callers_thread(open_store: OpenStore) -> None:
@@ -1608,7 +1617,8 @@ def test_a_rollback_to_a_seq_only_leveldb_holds_keeps_its_runs_on_the_remote_tie
 ) -> None:
     """Seq 2's runs are in LevelDB alone (indexed, their log dropped by a compaction) when the
     store rolls back to 2: the empty record logged to carry seq 2 must not reach the remote
-    tier in their place."""
+    tier in their place (by a reopen, too: the rollback is made by a store that does not
+    upload, the upload by the next one)."""
     s = open_store(uploads=True, budget=0)
     s.append(1, {"s": {"x": 1}})
     if remote_before != "base image above the target":
@@ -1618,14 +1628,42 @@ def test_a_rollback_to_a_seq_only_leveldb_holds_keeps_its_runs_on_the_remote_tie
     s.append(2, {"s": {"a": 2}})
     s.append(3, {"s": {"x": 3}})
     s.compact()  # indexes 2 and 3 and drops their log
-    s.close()
-    s = open_store(uploads=True, budget=0)
     if remote_before == "base image above the target":
+        s.close()
+        s = open_store(uploads=True, budget=0)
         assert s.flush("remote", timeout=TIMEOUT_S) == 3  # a base image of 3: the log lacks 1..3
     s.rollback(2)
     assert s.load("s") == {"x": 1, "a": 2}
+    s.close()
+    s = open_store(uploads=True, budget=0)
     assert s.flush("remote", timeout=TIMEOUT_S) == 2
     s = restored_from_remote(open_store, s)
     assert s.last_seq == 2
     assert s.load("s") == {"x": 1, "a": 2}
     assert s.get("s", "x", as_of=1) == 1
+
+
+def test_the_stand_in_mark_outlives_an_upload_while_its_empty_record_is_in_the_log(open_store: OpenStore) -> None:
+    """The empty record of seq 2 is still in the local log after the remote tier took a base
+    image above it; a rollback that removes that base image must not let the record be
+    uploaded as seq 2."""
+    s = open_store(uploads=True, budget=0)
+    s.append(1, {"s": {"x": 1}})
+    assert s.flush("remote", timeout=TIMEOUT_S) == 1
+    s.close()
+    s = open_store(uploads=False, budget=0)
+    s.append(2, {"s": {"a": 2}})
+    s.append(3, {"s": {"x": 3}})
+    s.compact()
+    s.rollback(2)  # the empty record of 2 opens a segment; 3 and 4 follow it
+    s.append(3, {"s": {"y": 3}})
+    s.append(4, {"s": {"x": 4}})
+    s.close()
+    s = open_store(uploads=True, budget=0, index_delay_s=60.0)
+    assert s.flush("remote", timeout=TIMEOUT_S) == 4  # a base image of 4
+    s.rollback(3)  # the base image goes; the log holds 2 (empty) and 3
+    assert s.load("s") == {"x": 1, "a": 2, "y": 3}
+    assert s.flush("remote", timeout=TIMEOUT_S) == 3
+    s = restored_from_remote(open_store, s)
+    assert s.last_seq == 3
+    assert s.load("s") == {"x": 1, "a": 2, "y": 3}
