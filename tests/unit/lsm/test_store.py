@@ -1606,8 +1606,7 @@ def test_a_large_append_is_not_logged_on_the_callers_thread(open_store: OpenStor
 def restored_from_remote(open_store: OpenStore, s: Store) -> Store:
     """Closes `s`, deletes its local tiers and opens it again: what the remote tier restores."""
     s.close()
-    for part in ("disk", "log"):
-        shutil.rmtree(os.path.join(s.path, part))
+    drop_local_tiers(s.path)
     return open_store(uploads=True, budget=0)
 
 
