@@ -15,6 +15,7 @@ import msgpack
 
 from lsm.codec import pack_values as pack_state
 from lsm.codec import unpack_values as unpack_state
+from nosync import storage
 
 __all__ = ["pack", "pack_state", "read_file", "unpack", "unpack_state", "write_file"]
 
@@ -30,13 +31,13 @@ def unpack(data: bytes | memoryview) -> Any:
 
 
 def read_file(path: str) -> Any:
-    """The object a file written by `write_file` holds."""
-    with open(path, "rb") as f:
-        return unpack(f.read())
+    """The object a file written by `write_file` holds (`path`: a path or a URI, `storage`)."""
+    return unpack(storage.read_bytes(path))
 
 
 def write_file(path: str, obj: Any) -> str:
-    """Writes `obj` packed to `path`; returns `path`."""
-    with open(path, "wb") as f:
-        f.write(pack(obj))
+    """Writes `obj` packed to `path` (a path or a URI, `storage`), atomically: a reader on
+    another host sees all of it or nothing; returns `path`. It survives the writer's process,
+    not a crash of its host (what batch jobs hand each other is made again then)."""
+    storage.write_bytes(path, pack(obj), durable=False)
     return path
