@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nosync import storage
 from nosync.api.sinks import Sink
 from nosync.api.sources import Source
 from nosync.api.where import declared_at
@@ -132,9 +133,12 @@ class Pipeline:
 
 
 def _sink_directory(sink: Any) -> str | None:
-    """Where a sink writes, as an absolute path; None for a sink that writes no files."""
+    """Where a sink writes, as an absolute path (a URI as it is, its secrets hidden); None for
+    a sink that writes no files."""
     directory = getattr(sink, "directory", None)
-    return os.path.abspath(directory) if isinstance(directory, str) else None
+    if not isinstance(directory, str):
+        return None
+    return storage.redact(directory.rstrip("/")) if storage.is_uri(directory) else os.path.abspath(directory)
 
 
 def _check_fn(fn: object, what: str, op: str, where: str) -> None:

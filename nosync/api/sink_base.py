@@ -3,19 +3,37 @@ writer, staging per epoch); see `nosync.api.sinks` for the commit protocol."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 
 class Sink:
     """Base of all sinks: `open_part` gives the per-worker writer."""
 
-    def open_part(self, worker: int, run_id: str) -> SinkPart:
-        """The writer of worker `worker` in run `run_id`."""
+    def open_part(self, worker: int, run_id: str, local_dir: str | None = None) -> SinkPart:
+        """The writer of worker `worker` in run `run_id`. `local_dir`: a directory on the
+        worker's own host where the part may keep files while they are not committed (None:
+        one under the system's temporary directory)."""
         raise NotImplementedError
+
+    def check_writable(self) -> None:
+        """Raises NosyncError naming the sink unless it can write where it is told to (called
+        before a run starts, so that a bad place fails it before the first epoch). The base has
+        nothing to check."""
 
     def describe(self) -> str:
         """A short description of the sink, for messages (the base: its class name)."""
         return type(self).__name__
+
+
+def open_part_of(sink: Sink, worker: int, run_id: str, local_dir: str) -> SinkPart:
+    """`sink.open_part(worker, run_id, local_dir=local_dir)`, or without `local_dir` for a sink
+    whose `open_part` was written before it took one (a user's subclass)."""
+    try:
+        takes = "local_dir" in inspect.signature(sink.open_part).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return sink.open_part(worker, run_id, local_dir=local_dir) if takes else sink.open_part(worker, run_id)
 
 
 ALL = 1 << 62

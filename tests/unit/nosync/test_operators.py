@@ -699,7 +699,7 @@ def test_a_files_sink_syncs_its_directory_once_for_the_commits_a_snapshot_record
     """A commit renames its files into the output directory without fsyncing it; the
     snapshot's meta that counts the commits fsyncs the directory once for all of them, and a
     meta with no commit since fsyncs nothing."""
-    import nosync.api.sinks as sinks_mod
+    import nosync.api.sink_files as sinks_mod
 
     synced = []
     real = sinks_mod.fsync_dir
