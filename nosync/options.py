@@ -30,7 +30,23 @@ class RunOptions:
     mode: str = _opt("none", "The fault-tolerance mode.")
     workers: int = _opt(2, "Worker tasks, each running one instance of every operator.", min=1, short="-w")
     master: str | None = _opt(None, "Spark master URL (default: embedded local[W,F]; 2W slots in mode replay).")
-    run_dir: str | None = _opt(None, "Where metrics go (default: runs/NAME-TIME).")
+    run_dir: str | None = _opt(None, "The driver's run directory: events, summary, metrics (default: runs/NAME-TIME).")
+    remote: str | None = _opt(
+        None,
+        "The shared tier, any pyarrow.fs URI (s3://bucket/prefix?endpoint_override=..., hdfs://, file://) or a path "
+        "every host shares: abs checkpoints, nosync's remote tier and what the tools read, under URI/<run name> "
+        "(default: the run directory, which only an embedded run's workers reach).",
+    )
+    local_dir: str | None = _opt(
+        None,
+        "Where each worker keeps its stores on its own host, under DIR/<run name>/w<i> (default: <run dir>/state "
+        "embedded, else the executor's Spark local directory).",
+    )
+    driver_host: str | None = _opt(
+        None,
+        "The address the executors reach the driver at: Spark's driver and the coordinator (default: loopback "
+        "embedded, else this host's address toward the master).",
+    )
     epoch_records: int | None = _opt(None, "Cut epochs every N records per source partition (default 10000).", min=1)
     epoch_ms: int | None = _opt(None, "Cut epochs every MS milliseconds instead.", min=1)
     batch_size: int = _opt(1024, "Records a source reads per step.", min=1)
@@ -145,6 +161,8 @@ class RunOptions:
                 )
             if self.replicas == 0:
                 raise NosyncError("--checkpoint-tier replicated needs --replicas 1 or more")
+        if self.remote is not None and not self.remote.strip():
+            raise NosyncError("--remote is empty: give a pyarrow.fs URI or a path every host shares")
         if self.mode == "replay" and self.epoch_ms is not None:
             raise NosyncError(
                 "mode replay recomputes lost state epoch by epoch from the sources: cut epochs by records "

@@ -28,6 +28,7 @@ from typing import Any
 
 from nosync.errors import AuthError, FrameError, RunFailed
 from nosync.runtime import channels, control, frames
+from nosync.runtime.dead_letters import DeadLetterFile, dead_letter_path
 
 log = logging.getLogger("nosync.driver.coordinator")
 
@@ -70,6 +71,8 @@ class Coordinator:
         self.listener = channels.listen(host, 0)
         self.address = (host, self.listener.getsockname()[1])
         self.conns: dict[int, channels.Connection] = {}
+        self.addresses: dict[int, list] = {}
+        """Per worker, the data address its newest attempt registered with (host, port)."""
         self.attempts: dict[int, int] = {}
         self.pids: dict[int, int] = {}
         self.last_beat: dict[int, float] = {}
@@ -90,6 +93,8 @@ class Coordinator:
         self.finished = False
         self.started_at = time.time()
         self.first_record_at: float | None = None
+        self._dead_letters: dict[int, DeadLetterFile] = {}
+        self._dead_count = 0
         self._events_file = None
         if run_dir is not None:
             os.makedirs(run_dir, exist_ok=True)
@@ -195,8 +200,16 @@ class Coordinator:
         }
 
     def workers_info(self) -> dict:
-        """Per registered worker: its attempt and process id."""
-        return {w: {"attempt": self.attempts.get(w, 0), "pid": pid} for w, pid in sorted(self.pids.items())}
+        """Per registered worker: its attempt, process id and host."""
+        return {
+            w: {"attempt": self.attempts.get(w, 0), "pid": pid, "host": self.addresses.get(w, [None])[0]}
+            for w, pid in sorted(self.pids.items())
+        }
+
+    @property
+    def dead_letters_written(self) -> int:
+        """Dead letters written to the run's files by this run (each record once)."""
+        return self._dead_count
 
     def close(self) -> None:
         """Stops the loop thread, lets the mode close, and closes the connections, the
@@ -210,6 +223,8 @@ class Coordinator:
                 c.close()
             self.listener.close()
             self._sel.close()
+            for f in self._dead_letters.values():
+                f.close()
             if self._events_file is not None:
                 self._events_file.close()
 
@@ -362,8 +377,22 @@ class Coordinator:
                         self._changed.notify_all()
             case control.Error(message=message):
                 self.fail(f"worker {w}: {message}")
+            case control.DeadLetter():
+                self._dead_letter(w, msg)
             case _:
                 self.fail(f"worker {w} sent a {type(msg).__name__} message, which only the coordinator sends")
+
+    def _dead_letter(self, w: int, msg: control.DeadLetter) -> None:
+        """Appends a worker's dead letter to its file in the run directory, once."""
+        if self.run_dir is None:
+            self._dead_count += 1
+            return
+        f = self._dead_letters.get(w)
+        if f is None:
+            f = self._dead_letters[w] = DeadLetterFile(dead_letter_path(self.run_dir, w))
+        letter = {"source": msg.source, "file": msg.file, "position": msg.position, "error": msg.error}
+        if f.add(letter):
+            self._dead_count += 1
 
     def _counted(self, w: int, msg: dict) -> dict:
         """A worker's heartbeat as the run's counters take it. A restarting worker counts from
@@ -395,6 +424,7 @@ class Coordinator:
             self._lost(w, prev, f"replaced by attempt {attempt}")
             prev.close()
         self.conns[w] = conn
+        self.addresses[w] = list(msg.addr)
         new_attempt = attempt != self.attempts.get(w)
         self.attempts[w] = attempt
         self.pids[w] = msg.pid
@@ -402,7 +432,7 @@ class Coordinator:
         if not new_attempt and msg.read is not None:
             self.read_at_rejoin[w] = msg.read
         if new_attempt:
-            self.event("registered", worker=w, attempt=attempt, pid=self.pids[w])
+            self.event("registered", worker=w, attempt=attempt, pid=self.pids[w], host=msg.addr[0])
             self.mode.on_worker_registered(self, w, attempt)
         if self.finished:
             self._send(conn, control.Finish())

@@ -22,11 +22,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from nosync.api.loader import load_pipeline
+from nosync import storage
+from nosync.api.loader import load_pipeline, pipeline_source
 from nosync.api.pipeline import require_replayable
 from nosync.api.plan import plan
 from nosync.driver import metrics
@@ -35,7 +36,9 @@ from nosync.driver.task import worker_main
 from nosync.errors import NosyncError, RunFailed
 from nosync.modes import get_mode
 from nosync.options import RunOptions
-from nosync.spark.session import check_slots, get_spark, spark_output_to
+from nosync.places import SHARED_STORES, Places, places_of
+from nosync.runtime.links import SETUP_TIMEOUT_S
+from nosync.spark.session import check_slots, driver_address, get_spark, is_embedded, spark_output_to
 from nosync.state import checkpoints
 
 SAMPLE_S = 0.25
@@ -74,8 +77,14 @@ def run(
     run_dir = os.path.abspath(
         run_dir or os.path.join("runs", f"{pipeline.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:4]}")
     )
+    if opts.resume:
+        opts = _resumed_places(run_dir, opts)
+    embedded = is_embedded(spark.sparkContext.master if spark is not None else opts.master)
+    places = places_of(run_dir, opts.remote, opts.local_dir, embedded)
+    _check_places(pipeline, opts, places, embedded)
     _check_run_dir(
         run_dir,
+        places if embedded else replace(places, local=""),
         {"pipeline": pipeline.name, "mode": mode, "workers": workers, "batch_size": opts.batch_size},
         opts.resume,
     )
@@ -97,6 +106,10 @@ def run(
             "epoch_ms": opts.epoch_ms,
             "run_id": run_id,
             "resumed": opts.resume,
+            "checkpoint_tier": opts.checkpoint_tier,
+            "remote": opts.remote,
+            "local_dir": opts.local_dir,
+            "places": places.to_wire(),
         },
     )
 
@@ -112,14 +125,19 @@ def run(
         elif opts.replay_threshold_records is not None:
             why = f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
         slots = 2 * workers if why else workers
-        spark = spark or get_spark(opts.master, slots)
+        spark = spark or get_spark(opts.master, slots, driver_host=opts.driver_host, slots=slots)
         check_slots(spark, slots, why)
         startup_s = time.time() - t0
         secret = secrets.token_bytes(32)
-        coord = Coordinator(workers, secret, driver_mode, run_id, run_dir=run_dir, max_restarts=opts.max_restarts)
+        host = driver_address(spark.sparkContext.master, opts.driver_host)
+        coord = Coordinator(
+            workers, secret, driver_mode, run_id, host=host, run_dir=run_dir, max_restarts=opts.max_restarts
+        )
         spec = {
             "run_id": run_id,
             "pipeline_file": pipeline_file,
+            "pipeline_source": pipeline_source(pipeline_file),
+            "places": places.to_wire(),
             "params": dict(params or {}),
             "mode": mode,
             "options": opts.to_wire(),
@@ -136,12 +154,14 @@ def run(
         }
         driver_mode.attach(spark, spec)
         job_error: list[BaseException] = []
+        job_results: list[dict] = []
         sc = spark.sparkContext
 
         def job() -> None:
             sc.setJobGroup(run_id, f"nosync {pipeline.name} ({mode})", interruptOnCancel=True)
             try:
-                sc.parallelize(range(workers), workers).mapPartitionsWithIndex(partial(worker_main, spec)).collect()
+                got = sc.parallelize(range(workers), workers).mapPartitionsWithIndex(partial(worker_main, spec))
+                job_results.extend(got.collect())
             except BaseException as e:  # noqa: BLE001 - reported to the caller below
                 job_error.append(e)
 
@@ -165,6 +185,16 @@ def run(
                     progress(p)
                 if job_error and not coord.finished:
                     coord.fail(f"the Spark job failed: {_first_line(job_error[0])}")
+                if len(coord.attempts) < workers and time.time() - launched > SETUP_TIMEOUT_S and not coord.finished:
+                    coord.fail(
+                        f"only {len(coord.attempts)} of {workers} workers registered with the coordinator at "
+                        f"{coord.address[0]}:{coord.address[1]} within {SETUP_TIMEOUT_S:.0f} s of the job's start: "
+                        f"every executor must reach that address (--driver-host)"
+                    )
+                said = [r["error"] for r in job_results if r.get("error")]
+                if said and not coord.finished:
+                    # a worker that could not reach the coordinator ends its task saying why
+                    coord.fail(said[0])
                 if opts.timeout_s is not None and time.time() - launched > opts.timeout_s:
                     coord.fail(f"timed out after {opts.timeout_s}s")
             if coord.failure is not None:
@@ -188,6 +218,8 @@ def run(
             "mode": mode,
             "workers": workers,
             "master": sc.master,
+            "driver_host": host,
+            "worker_hosts": {str(w): a[0] for w, a in sorted(coord.addresses.items())},
             "run_id": run_id,
             "startup_s": startup_s + max(0.0, first - launched),
             "processing_s": max(1e-9, last_commit - first),
@@ -195,6 +227,7 @@ def run(
             "refused_connections": coord.refused,
         }
         summary = metrics.summarize(info, coord.done)
+        summary["dead_letters"] = coord.dead_letters_written
         summary["records_per_s"] = summary["records_read"] / info["processing_s"]
         summary["generations"] = coord.gen + 1
         summary.update(driver_mode.summary(coord))
@@ -207,17 +240,60 @@ def run(
         return RunResult(summary, run_dir)
 
 
-def _check_run_dir(run_dir: str, same: dict, resume: bool) -> None:
-    """Refuses a run directory that another run's state would be mixed with; a resumed run must
-    be the same pipeline, mode, number of workers and batch size (source positions count
-    records inside chunks of that size)."""
-    info_path = os.path.join(run_dir, "run.json")
-    has_state = bool(checkpoints.completed(run_dir)) or os.path.isdir(os.path.join(run_dir, "state"))
-    if not resume:
-        if has_state:
+def _resumed_places(run_dir: str, opts: RunOptions) -> RunOptions:
+    """A resumed run's options with the shared tier and local directory of the run it
+    continues, where they are not given again: its checkpoints and stores are there."""
+    path = os.path.join(run_dir, "run.json")
+    if not os.path.exists(path):
+        return opts
+    with open(path, encoding="utf-8") as f:
+        before = json.load(f)
+    changes = {k: before[k] for k in ("remote", "local_dir") if getattr(opts, k) is None and before.get(k)}
+    return opts.but(**changes) if changes else opts
+
+
+def _check_places(pipeline: Any, opts: RunOptions, places: Places, embedded: bool) -> None:
+    """Refuses, before Spark starts, a shared tier or a sink that cannot be written, and a run
+    on a cluster that needs a shared tier every host reaches but has only the driver's run
+    directory."""
+    if opts.remote:
+        storage.check_writable(places.shared, "--remote")
+    if not embedded and not opts.remote:
+        needs = []
+        if opts.mode == "replay":
+            needs.append("mode replay (its batch jobs hand the recomputed state to the workers)")
+        if opts.checkpoint_tier == "remote":
+            needs.append("--checkpoint-tier remote (the stores' remote tier)")
+        if opts.replay_threshold_records is not None:
+            needs.append("--replay-threshold-records (the span job's files)")
+        if needs:
             raise NosyncError(
-                f"run directory {run_dir} holds the state of an earlier run: continue it with --resume, "
-                "or give another --run-dir"
+                f"{'; '.join(needs)} on the cluster at --master {opts.master} needs a shared tier every host "
+                f"reaches: give --remote URI (s3://bucket/prefix, hdfs://..., or a path every host mounts); "
+                f"the default, the run directory {places.run_dir}, is on the driver's host only"
+            )
+    for node in pipeline.sinks:
+        node.params["sink"].check_writable()
+
+
+def _check_run_dir(run_dir: str, places: Places, same: dict, resume: bool) -> None:
+    """Refuses a run directory (or shared tier, or local root `places.local` on the driver's
+    host: empty when the workers' are elsewhere) that another run's state would be mixed
+    with; a resumed run must be the same pipeline, mode, number of workers and batch size
+    (source positions count records inside chunks of that size)."""
+    info_path = os.path.join(run_dir, "run.json")
+    if not resume:
+        held = []
+        if checkpoints.completed(places.shared):
+            held.append(f"checkpoints in {storage.redact(checkpoints.directory(places.shared))}")
+        if storage.listdir(places.shared_path(SHARED_STORES)):
+            held.append(f"stores' remote tiers in {storage.redact(places.shared_path(SHARED_STORES))}")
+        if places.local and os.path.isdir(places.local):
+            held.append(f"stores in {places.local}")
+        if held:
+            raise NosyncError(
+                f"run directory {run_dir} holds the state of an earlier run ({'; '.join(held)}): continue it with "
+                "--resume, or give another --run-dir"
             )
         return
     if not os.path.exists(info_path):

@@ -45,16 +45,18 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from lsm import ValueEncodingError
+from nosync import storage
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
 from nosync.options import RunOptions
+from nosync.places import shared_of
 from nosync.runtime import control
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import JoinOp
 from nosync.runtime.loops import LoopHead
 from nosync.runtime.operators import EOS, SinkOp
 from nosync.state import checkpoints
-from nosync.state.checkpoints import STATE, restore_keyed, state_path
+from nosync.state.checkpoints import STATE, restore_keyed
 from nosync.state.stores import open_store
 
 if TYPE_CHECKING:
@@ -117,10 +119,9 @@ class AbsHooks(WorkerHooks):
     def _open_stores(self, worker: Worker) -> None:
         for op in worker.ops:
             if hasattr(op, "take_updates") and op.name not in self.stores:
-                path = state_path(worker.spec["run_dir"], worker.index, op.name)
                 self.stores[op.name] = open_store(
                     worker,
-                    path,
+                    op.name,
                     f"the state of operator '{op.name}'",
                     retention=RETENTION,
                     # merges held to the same share of a core as mode nosync's (equal terms)
@@ -140,10 +141,9 @@ class AbsHooks(WorkerHooks):
         if restore is None:
             return  # a fresh run: nothing to restore
         c = int(restore["checkpoint"])
-        metas: dict = {}
-        if c >= 0:
-            body = checkpoints.read(restore["path"])
-            metas = body["workers"][worker.index]["ops"]
+        # the coordinator read the checkpoint's file on the shared tier: its part for this
+        # worker comes in the message, which a worker on any host has
+        metas: dict = restore["workers"][worker.index]["ops"] if c >= 0 else {}
         for op in worker.ops:
             meta = metas.get(op.name)
             store = self.stores.get(op.name)
@@ -153,7 +153,9 @@ class AbsHooks(WorkerHooks):
                 if store.last_seq < c:
                     raise RunFailed(
                         f"worker {worker.index}: the snapshot of checkpoint {c} of operator '{op.name}' is "
-                        f"missing from its store {store.path} (it ends at seq {store.last_seq})"
+                        f"missing from its store {store.path} on {worker.address[0]} (it ends at seq "
+                        f"{store.last_seq}): with --checkpoint-tier {self.tier} a store lives on its worker's host "
+                        f"only; on a cluster, where a retry may run on another host, use --checkpoint-tier remote"
                     )
                 store.rollback(c)
                 if c >= 0:
@@ -367,9 +369,10 @@ class AbsMode(Mode):
         self.interval_s = o.checkpoint_ms / 1000
         self.timeout_s = o.checkpoint_timeout_ms / 1000
         self.max_concurrent = o.max_concurrent_checkpoints
-        self.run_dir = o.run_dir
+        self.shared = shared_of(o.run_dir, o.remote) if o.run_dir else None
+        """The run's shared tier, where the checkpoint files go (`nosync.places`)."""
         self.resume = o.resume
-        ids = checkpoints.completed(self.run_dir) if self.run_dir else []
+        ids = checkpoints.completed(self.shared) if self.shared else []
         self.next_id = (ids[-1] + 1) if ids else 1
         self.pending: dict[int, dict] = {}
         self.last_trigger = 0.0
@@ -440,7 +443,7 @@ class AbsMode(Mode):
 
     def _complete(self, coord: Any, n: int, p: dict) -> None:
         workers = {w: {"ops": a["ops"]} for w, a in p["acks"].items()}
-        checkpoints.write(self.run_dir, n, checkpoints.body(self.pipeline, n, workers))
+        checkpoints.write(self.shared, n, checkpoints.body(self.pipeline, n, workers))
         del self.pending[n]
         for older in [c for c in self.pending if c < n]:
             self._abort(coord, older, f"subsumed by checkpoint {n}")
@@ -467,7 +470,7 @@ class AbsMode(Mode):
         )
         coord.event("checkpoint_completed", checkpoint=n, duration_ms=round(duration, 2), bytes=size)
         coord.broadcast(control.mode_message(AbsOp.COMPLETE, n=n, gen=coord.gen))
-        checkpoints.prune(self.run_dir, KEEP_FILES)
+        checkpoints.prune(self.shared, KEEP_FILES)
 
     # -- recovery ----------------------------------------------------------------------
 
@@ -495,7 +498,7 @@ class AbsMode(Mode):
         loss or on a resume; nothing on a fresh start."""
         if gen == 0 and not self.resume:
             return {}
-        c, body, errors = checkpoints.latest_valid(self.run_dir)
+        c, body, errors = checkpoints.latest_valid(self.shared)
         for e in errors:
             msg = f"{e}; falling back to an earlier checkpoint"
             log.warning(msg)
@@ -503,7 +506,8 @@ class AbsMode(Mode):
             coord.event("checkpoint_fallback", error=str(e))
         if body is not None and body.get("pipeline") != self.pipeline:
             raise RunFailed(
-                f"{checkpoints.path_of(self.run_dir, c)} is a checkpoint of pipeline '{body.get('pipeline')}', "
+                f"{storage.redact(checkpoints.path_of(self.shared, c))} is a checkpoint of pipeline "
+                f"'{body.get('pipeline')}', "
                 f"not '{self.pipeline}'"
             )
         if self.recoveries and "checkpoint" not in self.recoveries[-1]:
@@ -517,7 +521,7 @@ class AbsMode(Mode):
             now = {**r["read_at_loss"], **coord.read_at_rejoin}
             r["records_reprocessed"] = sum(max(0, now.get(w, 0) - at_c.get(w, 0)) for w in range(coord.workers))
         coord.event("restore", checkpoint=c)
-        return {"restore": {"checkpoint": c, "path": checkpoints.path_of(self.run_dir, c) if c >= 0 else None}}
+        return {"restore": {"checkpoint": c, "workers": body["workers"] if body is not None else {}}}
 
     def on_ready(self, coord: Any, worker: int, gen: int) -> None:
         """Once every worker is ready: restarts the checkpoint interval and times the

@@ -32,16 +32,17 @@ has 2W, and a cluster with fewer is refused at start. Epochs must be cut by reco
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from nosync import storage
 from nosync.errors import RunFailed
 from nosync.modes.base import Mode
 from nosync.options import RunOptions
+from nosync.places import shared_of
 from nosync.runtime import control
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
@@ -217,7 +218,8 @@ class ReplayMode(Mode):
         if r < 0:
             coord.event("restore", epoch=r)
             return {"restore": {"epoch": r}}
-        dump = os.path.join(self.run_dir, "replay", f"g{gen}")
+        # on the shared tier: the batch jobs' tasks write it, every worker reads its part
+        dump = storage.join(shared_of(self.run_dir, self.options.remote), "replay", f"g{gen}")
         coord.event("recomputing", epoch=r)
         self._job_result = {"epoch": r, "dir": dump, "gen": gen}
         self._job = threading.Thread(
@@ -240,6 +242,7 @@ class ReplayMode(Mode):
                 dump,
                 self.spark,
                 batch_size=self.spec.get("batch_size", 1024),
+                run_dir=self.run_dir,
             )
             result.update(batch_s=time.time() - t0, records_recomputed=got["read"])
         except Exception as e:  # noqa: BLE001 - reported by the coordinator's loop

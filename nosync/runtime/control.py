@@ -2,7 +2,8 @@
 kind, a msgpack map with a "type" on the wire (`to_wire`, `from_wire`).
 
 A worker registers (`Register`), says it runs a generation (`Ready`), beats (`Heartbeat`, with
-its counters), reports the end of its input (`Done`) or why it stops (`Error`). The coordinator
+its counters), hands over a record its sources could not read (`DeadLetter`: the driver keeps
+the run's dead letters), reports the end of its input (`Done`) or why it stops (`Error`). The coordinator
 sends the peers of a generation (`Peers`), moves everyone to a new one (`Rejoin`), holds a
 generation back (`Hold`), ends the run (`Finish`) or aborts it (`Abort`). A mode's own messages
 travel both ways as `ModeMessage`: its operation (each mode names its operations in an enum)
@@ -25,6 +26,7 @@ class Kind(StrEnum):
     HEARTBEAT = "heartbeat"
     DONE = "done"
     ERROR = "error"
+    DEAD_LETTER = "dead_letter"
     PEERS = "peers"
     REJOIN = "rejoin"
     HOLD = "hold"
@@ -78,6 +80,18 @@ class Error:
 
 
 @dataclass(frozen=True)
+class DeadLetter:
+    """A record source `source` of the worker could not read: its file, its position there and
+    why (`error`), for the run's dead-letter file of worker `worker`."""
+
+    worker: int
+    source: str
+    file: str
+    position: Any
+    error: str
+
+
+@dataclass(frozen=True)
 class Peers:
     """The members of generation `gen` (an address per worker) and what the mode adds for them
     (`extra`: which snapshot or checkpoint to restore, whether the worker recovers alone)."""
@@ -124,7 +138,9 @@ class ModeMessage:
         return {**self.body, "op": self.op, "gen": self.gen}
 
 
-Message = Register | Ready | Heartbeat | Done | Error | Peers | Rejoin | Hold | Finish | Abort | ModeMessage
+Message = (
+    Register | Ready | Heartbeat | Done | Error | DeadLetter | Peers | Rejoin | Hold | Finish | Abort | ModeMessage
+)
 
 _KINDS: dict[type, Kind] = {
     Register: Kind.REGISTER,
@@ -132,6 +148,7 @@ _KINDS: dict[type, Kind] = {
     Heartbeat: Kind.HEARTBEAT,
     Done: Kind.DONE,
     Error: Kind.ERROR,
+    DeadLetter: Kind.DEAD_LETTER,
     Peers: Kind.PEERS,
     Rejoin: Kind.REJOIN,
     Hold: Kind.HOLD,

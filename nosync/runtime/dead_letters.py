@@ -1,46 +1,81 @@
-"""A worker's dead letters: the source records it could not read, one JSON line each in
-`dead-letter-w<i>.jsonl` of the run directory, each written once however often it is read."""
+"""Dead letters: the source records a run could not read, each kept once with where it was.
+
+A worker (or a batch job's task) does not write them itself: its host may be lost, and a file
+there is out of the tools' reach. `DeadLetters` hands each one over (`send`: a worker's
+control message to the coordinator, flushed at once; a batch task's result row), and the
+driver appends it to `dead-letter-w<i>.jsonl` in the run directory (`DeadLetterFile`), one
+JSON line each, written once however often the record is read: a restarted worker, or one
+that rolled back, reads some input again, and a resumed run may read a file the last run
+wrote."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from nosync.errors import BadRecord, RunFailed
 
 
 class DeadLetters:
-    """The dead-letter file of one worker, opened at its first bad record; with `fail`, a bad
-    record fails the run instead."""
+    """The dead letters of one worker: each bad record goes to `send` (as a map: source, file,
+    position, error) once; with `fail`, a bad record fails the run instead."""
 
-    def __init__(self, path: str, fail: bool) -> None:
-        self.path = path
+    def __init__(self, send: Callable[[dict], None], fail: bool) -> None:
+        self.send = send
         self.fail = fail
         self.count = 0
-        self._file: Any = None
         self._seen: set = set()
 
     def write(self, op_name: str, bad: BadRecord) -> None:
-        """Records `bad`, read by source `op_name`, unless the file holds it already."""
+        """Hands over `bad`, read by source `op_name`, unless this worker did already."""
         if self.fail:
             raise RunFailed(f"bad record in source '{op_name}': {bad}")
-        if self._file is None:
-            self._file, self._seen = open_dead_letters(self.path)
         key = _dead_letter_key(op_name, bad.source, bad.position)
         if key in self._seen:
             return
         self._seen.add(key)
-        line = {"source": op_name, "file": bad.source, "position": bad.position, "error": str(bad)}
+        self.send({"source": op_name, "file": bad.source, "position": bad.position, "error": str(bad)})
+        self.count += 1
+
+
+class DeadLetterFile:
+    """One worker's dead-letter file in the run directory, written by the driver: `add` appends
+    a dead letter the file does not hold yet (the file opened, and the letters in it read, at
+    the first one)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+        self._file: Any = None
+        self._seen: set = set()
+
+    def add(self, letter: dict) -> bool:
+        """Appends `letter` (source, file, position, error) unless the file holds it; True if
+        it was new."""
+        if self._file is None:
+            self._file, self._seen = open_dead_letters(self.path)
+        key = _dead_letter_key(letter["source"], letter["file"], letter["position"])
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        line = {k: letter[k] for k in ("source", "file", "position", "error")}
         self._file.write(json.dumps(line, default=str) + "\n")
         self._file.flush()
         self.count += 1
+        return True
 
     def close(self) -> None:
-        """Closes the dead-letter file, if a bad record opened it."""
+        """Closes the file, if a dead letter opened it."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def dead_letter_path(run_dir: str, worker: int) -> str:
+    """The dead-letter file of worker `worker` in the run directory `run_dir`."""
+    return os.path.join(run_dir, f"dead-letter-w{worker}.jsonl")
 
 
 def _dead_letter_key(source: str, file: str, position: Any) -> tuple:
@@ -50,10 +85,9 @@ def _dead_letter_key(source: str, file: str, position: Any) -> tuple:
 def open_dead_letters(path: str) -> tuple[Any, set]:
     """Opens a worker's dead-letter file for appending, and the keys of the records it holds.
 
-    A restarted worker, or one that rolled back, reads some input again: a record already in
-    the file is not written twice. A last line that a crash left without its newline is ended
-    if it holds a whole record, and cut off otherwise (its record is in the input the worker
-    reads again), so that the next record starts a line of its own."""
+    A last line that a crash of the driver left without its newline is ended if it holds a
+    whole record, and cut off otherwise (its worker hands the record over again when it reads
+    it again), so that the next record starts a line of its own."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     seen: set = set()
     with open(path, "a+b") as f:

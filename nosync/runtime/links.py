@@ -18,6 +18,14 @@ log = logging.getLogger("nosync.worker")
 
 HEARTBEAT_S = 0.1
 SETUP_TIMEOUT_S = 120.0
+CONNECT_S = 20.0
+"""How long a worker tries to reach the coordinator before it gives up and says so: well
+within the coordinator's own SETUP_TIMEOUT_S for every worker to register."""
+
+
+class CoordinatorUnreachable(Exception):
+    """The worker could not reach the coordinator at all: nothing can tell the run but the
+    task's own result (`Worker.run` returns it, so that Spark does not retry the task)."""
 
 
 class Rejoin(Exception):
@@ -32,16 +40,37 @@ class Links:
     """The connections half of `Worker` (`nosync.runtime.worker`), which holds their state."""
 
     def _register(self) -> None:
-        host = self.spec.get("bind_host", "127.0.0.1")
+        """Connects to the coordinator, then listens for peers on the address that connection
+        leaves from: the executor's own address on the network the driver is reached through
+        (loopback only when the coordinator is on loopback, an embedded run), which every peer
+        reaches as the driver does. Registers with it."""
+        address = tuple(self.spec["coordinator"])
+        sock = self._dial_coordinator(address)
+        host = sock.getsockname()[0]
         self.listener = channels.listen(host, 0)
         self.address = [host, self.listener.getsockname()[1]]
-        sock = channels.connect(
-            tuple(self.spec["coordinator"]),
-            self.secret,
-            {"role": "worker", "worker": self.index, "attempt": self.attempt, "run": self.spec["run_id"]},
-        )
         self.ctrl_conn = channels.Connection(sock, "coordinator")
         self._send_register(-1)
+
+    def _dial_coordinator(self, address: tuple) -> socket.socket:
+        """An authenticated connection to the coordinator, tried again for CONNECT_S (its
+        listener is up before any task starts, so a refusal is not expected to last); raises
+        CoordinatorUnreachable naming the address and what went wrong."""
+        deadline = time.monotonic() + CONNECT_S
+        ident = {"role": "worker", "worker": self.index, "attempt": self.attempt, "run": self.spec["run_id"]}
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return channels.connect(address, self.secret, ident, timeout=max(1.0, min(10.0, left)))
+            except (OSError, AuthError) as e:
+                if time.monotonic() + 0.5 >= deadline:
+                    host = socket.gethostname()
+                    raise CoordinatorUnreachable(
+                        f"worker {self.index} (attempt {self.attempt}, on host {host}) could not reach the coordinator "
+                        f"at {address[0]}:{address[1]} within {CONNECT_S:.0f} s: {e}; that address must be reachable "
+                        f"from every executor (give the driver's address with --driver-host)"
+                    ) from e
+                time.sleep(0.5)
 
     def _send_register(self, gen: int) -> None:
         """Registers for generation `gen` (-1: whichever the coordinator is in)."""

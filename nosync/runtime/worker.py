@@ -40,9 +40,11 @@ import threading
 import time
 from typing import Any
 
-from nosync.api.loader import load_pipeline
+from nosync.api.loader import spec_pipeline
 from nosync.api.plan import PhysicalPlan, plan
+from nosync.api.sink_base import open_part_of
 from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
+from nosync.places import spec_places
 from nosync.runtime import channels, control, frames
 from nosync.runtime.dead_letters import DeadLetters
 from nosync.runtime.flow import FlowBound
@@ -55,7 +57,7 @@ from nosync.runtime.graph import (
     graph_edges,
 )
 from nosync.runtime.hooks import WorkerHooks
-from nosync.runtime.links import SETUP_TIMEOUT_S, Links, Rejoin
+from nosync.runtime.links import SETUP_TIMEOUT_S, CoordinatorUnreachable, Links, Rejoin
 from nosync.runtime.loops import LoopHead
 from nosync.runtime.operators import EOS, Op, SinkOp, SourceOp
 from nosync.runtime.router import FeedbackRouter, Router
@@ -103,10 +105,8 @@ class Worker(Links):
         self.heads: list[LoopHead] = []
         self.sinks: list[SinkOp] = []
         self.hooks = hooks
-        self.dead_letters = DeadLetters(
-            os.path.join(spec.get("run_dir", "."), f"dead-letter-w{index}.jsonl"),
-            spec.get("on_bad_record", "deadletter") == "fail",
-        )
+        self.places = spec_places(spec)
+        self.dead_letters = DeadLetters(self._send_dead_letter, spec.get("on_bad_record", "deadletter") == "fail")
         self.first_read_at: float | None = None
         self.flow = FlowBound()
         self.gen = -1
@@ -181,7 +181,8 @@ class Worker(Links):
     def _sink_op(self, n: Any) -> SinkOp:
         part = self._parts.get(n.id)
         if part is None:
-            part = self._parts[n.id] = n.params["sink"].open_part(self.index, self.spec.get("run_id", ""))
+            staging = os.path.join(self.places.local_root(self.index), "sinks")
+            part = self._parts[n.id] = open_part_of(n.params["sink"], self.index, self.spec.get("run_id", ""), staging)
         return SinkOp(n, part, self.clock)
 
     def _drop_generation(self) -> None:
@@ -219,6 +220,15 @@ class Worker(Links):
     def dead_letter(self, op_name: str, bad: BadRecord) -> None:
         """A source could not read a record: it goes to the dead letters (or fails the run)."""
         self.dead_letters.write(op_name, bad)
+
+    def _send_dead_letter(self, letter: dict) -> None:
+        """Hands a dead letter to the coordinator, which keeps the run's; written to the socket
+        at once, ahead of any snapshot that could cover its record's position."""
+        self.send_ctrl(control.DeadLetter(worker=self.index, **letter))
+        try:
+            self.ctrl_conn.flush()
+        except OSError:
+            pass  # the coordinator is gone: the loop finds out
 
     def _handle_data(self, j: int, f: frames.Frame) -> None:
         if self.hooks.accept_frame(self, j, f):
@@ -338,9 +348,15 @@ class Worker(Links):
         its index, attempt and records read."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, self.dump_state)
-        self._register()
         try:
-            pipeline = load_pipeline(self.spec["pipeline_file"], self.spec.get("params"))
+            self._register()
+        except CoordinatorUnreachable as e:
+            # a task that raised would be retried by Spark for ever, and the driver would hear
+            # nothing: the task ends, and its result says why (the runner fails the run on it)
+            log.error("%s", e)
+            return {"worker": self.index, "attempt": self.attempt, "error": str(e)}
+        try:
+            pipeline = spec_pipeline(self.spec)
             p = plan(pipeline, self.workers)
             peers = self._await_peers()
             while not self._finish and peers is not None:
@@ -364,7 +380,6 @@ class Worker(Links):
             raise
         finally:
             gc.unfreeze()  # a reused Python worker runs other tasks after this one
-            self.dead_letters.close()
             for part in self._parts.values():
                 part.close()
             self.hooks.close(self)

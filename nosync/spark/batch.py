@@ -54,15 +54,16 @@ import time
 import uuid
 from typing import Any
 
-from nosync import codec
-from nosync.api.loader import load_pipeline
+from nosync import codec, storage
+from nosync.api.loader import load_pipeline, pipeline_source
 from nosync.api.pipeline import KEYED_KINDS, require_replayable
 from nosync.api.plan import plan
 from nosync.errors import NosyncError, PipelineError, RunFailed
+from nosync.runtime.dead_letters import DeadLetterFile, dead_letter_path
 from nosync.runtime.graph import graph_edges
 from nosync.spark.session import get_spark
 from nosync.spark.stages import loop_blocks, stage_entries, stages
-from nosync.spark.tasks import ERROR, HERE, SCHEMA, STATS, echo, sources_task, stage_task
+from nosync.spark.tasks import DEAD, ERROR, HERE, SCHEMA, STATS, echo, sources_task, stage_task
 
 DEFAULT_EPOCH_RECORDS = 10_000
 
@@ -163,23 +164,33 @@ def recompute_states(
     dump_dir: str,
     spark: Any,
     batch_size: int = 1024,
+    run_dir: str | None = None,
 ) -> dict:
     """Recomputes every operator instance of the pipeline as it stood at the end of epoch
-    `until_epoch` and writes them, per worker and stage, under `dump_dir`
-    (`w<worker>-s<stage>.msgpack`: operator name -> its meta and keyed state)."""
-    os.makedirs(dump_dir, exist_ok=True)
-    extra = {"dump_dir": os.path.abspath(dump_dir), "until_epoch": until_epoch}
-    r, _ = run_jobs(pipeline_file, params, workers, spark, None, epoch_records, batch_size, dump_dir, extra)
+    `until_epoch` and writes them, per worker and stage, under `dump_dir` (a path or URI the
+    workers reach: `w<worker>-s<stage>.msgpack`, operator name -> its meta and keyed state).
+    The records its sources cannot read go to the dead letters of the run in `run_dir`."""
+    dump_dir = _place(dump_dir)
+    storage.makedirs(dump_dir)
+    extra = {"dump_dir": dump_dir, "until_epoch": until_epoch}
+    r, _ = run_jobs(
+        pipeline_file, params, workers, spark, None, epoch_records, batch_size, dump_dir, extra, dead_letters=run_dir
+    )
     return r
 
 
 def load_states(dump_dir: str, worker: int) -> dict:
     """What `recompute_states` wrote for `worker`: operator name -> {"meta", "keyed"}."""
     out: dict = {}
-    for name in sorted(os.listdir(dump_dir)):
+    for name in storage.listdir(dump_dir):
         if name.startswith(f"w{worker}-s") and name.endswith(".msgpack"):
-            out.update(codec.read_file(os.path.join(dump_dir, name)))
+            out.update(codec.read_file(storage.join(dump_dir, name)))
     return out
+
+
+def _place(where: str) -> str:
+    """`where` as the tasks of a batch job take it: a URI as it is, a path made absolute."""
+    return where if storage.is_uri(where) else os.path.abspath(where)
 
 
 def run_rounds(
@@ -211,7 +222,7 @@ def run_rounds(
         [(w, entry[st], w, 0, HERE, -1, b"") for st in range(a, b + 1) if st in entry for w in range(workers)],
         SCHEMA,
     ).localCheckpoint(eager=True)
-    os.makedirs(spec["rounds_dir"], exist_ok=True)
+    storage.makedirs(spec["rounds_dir"])
     produced: list = []
     latest: dict[int, list] = {}
     came_back = None
@@ -254,9 +265,13 @@ def run_jobs(
     batch_size: int,
     run_dir: str | None,
     extra: dict,
+    dead_letters: str | None = None,
 ) -> tuple[dict, list]:
     """Runs the pipeline as Spark batch jobs, stage by stage (`extra` goes into the tasks' spec);
-    returns the totals and the state rows collected."""
+    returns the totals and the state rows collected. `run_dir` (a path or a URI every task
+    reaches) holds what the jobs hand each other; the records the sources cannot read go to
+    the dead-letter files in `dead_letters` (a local directory; default `run_dir`, when that
+    is local)."""
     if workers < 1:
         raise NosyncError(f"--workers must be at least 1, got {workers}")
     pipeline = load_pipeline(pipeline_file, params)
@@ -276,15 +291,19 @@ def run_jobs(
                 f"operator '{node.name}' is a {node.kind}: it keeps no keyed state", node.name, node.where
             )
         last = stage[node.id]
-    run_dir = run_dir or os.path.join("runs", f"batch-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(run_dir, exist_ok=True)
+    run_dir = _place(run_dir or os.path.join("runs", f"batch-{time.strftime('%Y%m%d-%H%M%S')}"))
+    storage.makedirs(run_dir)
+    if dead_letters is None and storage.is_local(run_dir):
+        dead_letters = storage.local_path(run_dir)
+    letters: dict[int, DeadLetterFile] = {}
     spec = {
         "pipeline_file": os.path.abspath(pipeline_file),
+        "pipeline_source": pipeline_source(pipeline_file),
         "params": dict(params or {}),
         "workers": workers,
         "batch_size": batch_size,
         "epoch_records": epoch_records or DEFAULT_EPOCH_RECORDS,
-        "run_dir": os.path.abspath(run_dir),
+        "run_dir": run_dir,
         "run_id": uuid.uuid4().hex,
         "on_bad_record": "deadletter",
         **extra,
@@ -305,7 +324,7 @@ def run_jobs(
         for a, (b, _) in blocks.items():
             if a <= last <= b:
                 last = b  # the operator is in a loop's stages: its state is what the last round leaves
-    spec["rounds_dir"] = os.path.join(os.path.abspath(run_dir), "_rounds")
+    spec["rounds_dir"] = storage.join(run_dir, "_rounds")
 
     def stage_input(s: int, earlier: list, extra: list) -> Any:
         into = [e.id for e in graph_edges(p) if stage[e.dst] == s and stage[e.src] < s and not e.feedback]
@@ -328,31 +347,43 @@ def run_jobs(
                 e = codec.unpack(data)
                 what = f"stage {s} of the batch jobs: {e['text']}"
                 raise NosyncError(what) if e["usage"] else RunFailed(what)
+            elif kind == DEAD:
+                if dead_letters is not None:
+                    w, letter = codec.unpack(data)
+                    if w not in letters:
+                        letters[w] = DeadLetterFile(dead_letter_path(dead_letters, w))
+                    letters[w].add(letter)
             else:
                 got.append(tuple(codec.unpack(data)))
         rows.append(totals.pop("rows"))
         return got
 
-    s = 0
-    while s <= last:
-        ts = time.time()
-        if s in blocks:
-            b, back = blocks[s]
-            outputs.extend(run_rounds(spark, spec, p, stage, s, b, back, outputs, stage_input, collect, state, rounds))
+    try:
+        s = 0
+        while s <= last:
+            ts = time.time()
+            if s in blocks:
+                b, back = blocks[s]
+                outputs.extend(
+                    run_rounds(spark, spec, p, stage, s, b, back, outputs, stage_input, collect, state, rounds)
+                )
+                stage_s.append(time.time() - ts)
+                s = b + 1
+                continue
+            if s == 0:
+                out = ids.mapInArrow(sources_task(spec), SCHEMA)
+            else:
+                out = stage_input(s, outputs, []).mapInArrow(stage_task(spec, s), SCHEMA)
+            if s < last:
+                # materialized by the first action below, once: later stages read it, never rerun it
+                out = out.localCheckpoint(eager=False)
+            state.extend(collect(out, s))
+            outputs.append(out)
             stage_s.append(time.time() - ts)
-            s = b + 1
-            continue
-        if s == 0:
-            out = ids.mapInArrow(sources_task(spec), SCHEMA)
-        else:
-            out = stage_input(s, outputs, []).mapInArrow(stage_task(spec, s), SCHEMA)
-        if s < last:
-            # materialized by the first action below, once: later stages read it, never rerun it
-            out = out.localCheckpoint(eager=False)
-        state.extend(collect(out, s))
-        outputs.append(out)
-        stage_s.append(time.time() - ts)
-        s += 1
+            s += 1
+    finally:
+        for f in letters.values():
+            f.close()
     return {
         "stages": last + 1,
         "loop_rounds": rounds,

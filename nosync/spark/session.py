@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -27,9 +28,57 @@ def default_master(workers: int) -> str:
     return f"local[{workers},{MAX_FAILURES}]"
 
 
-def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
+def is_embedded(master: str | None) -> bool:
+    """Whether `master` runs every executor in the driver's process (local, local[W,F], ...)."""
+    return master is None or master == "local" or master.startswith("local[")
+
+
+def master_address(master: str) -> tuple[str, int] | None:
+    """The host and port of the first master a master URL names (spark://h:p[,h2:p2],
+    k8s://https://h:p, mesos://h:p), None when it names none (yarn, local)."""
+    rest = master.split("://", 1)[1] if "://" in master else ""
+    if rest.startswith(("https://", "http://")):
+        rest = rest.split("://", 1)[1]
+    first = rest.split(",", 1)[0].split("/", 1)[0]
+    host, _, port = first.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def outward_address(master: str) -> str:
+    """The address of this host toward `master`'s host: where a datagram socket "connected"
+    to it would send from (no packet leaves); the host's name resolved when the URL names no
+    host (yarn). What executors on other hosts can reach the driver at."""
+    where = master_address(master)
+    if where is not None:
+        try:
+            family = socket.AF_INET6 if ":" in where[0] else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(where)
+                return s.getsockname()[0]
+        except OSError:
+            pass  # a host name that does not resolve here: the host's own name below
+    return socket.gethostbyname(socket.gethostname())
+
+
+def driver_address(master: str | None, driver_host: str | None = None) -> str:
+    """Where the executors of `master` reach the driver (Spark's and the coordinator):
+    loopback embedded, else `driver_host` or this host's address toward the master."""
+    if is_embedded(master):
+        return driver_host or "127.0.0.1"
+    return driver_host or outward_address(str(master))
+
+
+def get_spark(
+    master: str | None, workers: int, app: str = "nosync", driver_host: str | None = None, slots: int | None = None
+) -> Any:
     """A SparkSession for `master` (default: embedded local[W,F]); reuses the active one when
-    its master matches."""
+    its master matches. On a master that is not embedded, the driver listens on `driver_host`
+    (default: this host's address toward the master, never loopback), and on a standalone
+    master the application asks for `slots` cores at most (default `workers`): the master then
+    spreads them over its workers' hosts (`spark.deploy.spreadOut`), one executor a host where
+    they have room, and the run leaves the rest of the cluster to others."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession  # lazy: pyspark costs ~1 s to import and only this path needs it
@@ -40,7 +89,8 @@ def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
         return active
     if active is not None:
         active.stop()
-    spark = (
+    host = driver_address(master, driver_host)
+    builder = (
         SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", "false")
@@ -50,11 +100,13 @@ def get_spark(master: str | None, workers: int, app: str = "nosync") -> Any:
         .config("spark.python.worker.reuse", "true")
         # the workers' modules are loaded before the daemon forks a task (a restart too)
         .config("spark.python.daemon.module", "nosync.driver.spark_daemon")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-        .getOrCreate()
+        .config("spark.driver.host", host)
+        .config("spark.driver.bindAddress", host)
+        .config("spark.executorEnv.PYSPARK_PYTHON", os.environ["PYSPARK_PYTHON"])
     )
+    if master.startswith("spark://"):
+        builder = builder.config("spark.cores.max", str(slots or workers))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -7,10 +7,9 @@ start their operators as the round before left them (`resume_round`, from the fi
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from nosync import codec
+from nosync import codec, storage
 from nosync.api.plan import PhysicalPlan
 from nosync.runtime.keyed import KeyedOp
 
@@ -80,9 +79,7 @@ def dump_ops(ops: list, path: str, switches: list | None = None) -> None:
         }
     if switches:
         body[SWITCHED] = [sw.name for sw in switches if sw.switched]
-    with open(path + ".tmp", "wb") as f:
-        f.write(codec.pack(body))
-    os.replace(path + ".tmp", path)
+    codec.write_file(path, body)
 
 
 NEW = "@new"
@@ -91,7 +88,7 @@ SWITCHED = "@switched"
 
 def round_path(spec: dict, worker: int, s: int, k: int) -> str:
     """Where round `k` of a loop's jobs leaves stage `s` of `worker`, for round k + 1."""
-    return os.path.join(spec["rounds_dir"], f"w{worker}-s{s}-r{k}.msgpack")
+    return storage.join(spec["rounds_dir"], f"w{worker}-s{s}-r{k}.msgpack")
 
 
 def resume_round(host: Any, ops: list, s: int, k: int) -> None:

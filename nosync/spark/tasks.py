@@ -10,7 +10,7 @@ from typing import Any
 
 from nosync import codec
 from nosync.api import sinks
-from nosync.api.loader import load_pipeline
+from nosync.api.loader import spec_pipeline
 from nosync.api.plan import PhysicalPlan, plan
 from nosync.errors import BadRecord, NosyncError, RunFailed
 from nosync.runtime import frames
@@ -35,11 +35,12 @@ from nosync.state.layout import store_state
 from nosync.state.stores import read_store
 
 SCHEMA = "dest int, edge int, src int, seq long, kind tinyint, epoch long, data binary"
-DATA, MARK, STATS, STATE, ERROR, HERE = 0, 1, 2, 3, 4, 5
+DATA, MARK, STATS, STATE, ERROR, HERE, DEAD = 0, 1, 2, 3, 4, 5, 6
 """Row kinds: records, a progress marker, one row per task of what it read and committed,
-(key, state) pairs of the operator asked for, the error a task stopped on (edge -1: no stage
-reads these three), and a row that only makes a later stage run a destination's task (a
-restored run can leave a destination nothing else: its inputs ended before the cut)."""
+(key, state) pairs of the operator asked for, the error a task stopped on, a record a source
+could not read (edge -1: no stage reads these four; the driver writes the dead letters), and a
+row that only makes a later stage run a destination's task (a restored run can leave a
+destination nothing else: its inputs ended before the cut)."""
 
 
 def _pack_forward(records: list, sender: str) -> bytes:
@@ -70,7 +71,7 @@ class _Host:
         self.clock = _Clock()
         self.first_read_at: float | None = None
         self.dead_letters = DeadLetters(
-            os.path.join(spec["run_dir"], f"dead-letter-w{index}.jsonl"),
+            lambda letter: self.rows.append((index, -1, index, 0, DEAD, 0, codec.pack([index, letter]))),
             spec.get("on_bad_record", "deadletter") == "fail",
         )
         self.rows: list[tuple] = []
@@ -94,7 +95,6 @@ class _Host:
         return self._inputs
 
     def close(self) -> None:
-        self.dead_letters.close()
         if self._inputs is not None:
             self._inputs.close()
             self._inputs = None
@@ -249,7 +249,14 @@ def _task_graph(p: PhysicalPlan, stage: dict[int, int], s: int, host: _Host, k: 
     ops, by_id = build_ops(p, keep, source_op(p), lambda n: sink_op(n, not rewind or n.id in cone), hooks)
     inputs_of: dict[int, list] = {i: [op] for i, op in by_id.items()}
     if rewind:
-        old = _load({**host.spec, "pipeline_file": rewind["pipeline_file"], "params": rewind["params"]})
+        old = _load(
+            {
+                **host.spec,
+                "pipeline_file": rewind["pipeline_file"],
+                "pipeline_source": rewind.get("pipeline_source"),
+                "params": rewind["params"],
+            }
+        )
         olds, by_old = build_ops(old, keep, source_op(old), lambda n: sink_op(n, False), hooks)
         for i in keep:
             if i in cone and isinstance(by_id[i], SinkOp):
@@ -427,7 +434,7 @@ def echo(batches: Any) -> Any:
 
 
 def _load(spec: dict) -> PhysicalPlan:
-    return plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
+    return plan(spec_pipeline(spec), spec["workers"])
 
 
 def fail_fast(task: Any) -> Any:

@@ -1,30 +1,33 @@
-"""Completed checkpoints on disk: one metadata file per checkpoint, written atomically.
+"""Completed checkpoints on the shared tier: one metadata file per checkpoint, written atomically.
 
-    <run dir>/checkpoints/chk-<id, 10 digits>.msgpack
+    <shared tier>/checkpoints/chk-<id, 10 digits>.msgpack
 
     magic "NSCK" | format u8 | xxh64 of the body u64 LE | body (msgpack map)
 
-The body names the pipeline, the checkpoint id and, per worker, what its operators need to
+The shared tier is the run's (`nosync.places`): the run directory of an embedded run, else
+`--remote URI/<run name>`, so that a tool, a resumed driver or a driver on another host finds
+them. The body names the pipeline, the checkpoint id and, per worker, what its operators need to
 restart that is not keyed state (source positions, frontiers and watermarks, window
 bookkeeping, the sinks' pre-commit handles), plus the handle of each keyed operator's
-incremental snapshot: its `lsm` store under `<run dir>/state/w<i>/<operator>` at seq = the
-checkpoint id. A file is written to a temporary name, fsynced, renamed, and its directory
-fsynced, so a reader sees a whole file or none. A file that is damaged (bad magic, checksum,
-or msgpack) raises CheckpointError naming it; recovery then falls back to the previous one.
+incremental snapshot: its `lsm` store `<local root of w<i>>/<operator>` at seq = the
+checkpoint id (the store's remote tier, with --checkpoint-tier remote, on the shared tier).
+Only the driver writes and reads these files; a worker gets its part of the body in the
+message that starts its generation. A file is written atomically (`storage.write_bytes`: on
+a local file system a temporary name, fsynced, renamed, its directory fsynced; on an object
+store one PUT), so a reader sees a whole file or none. A file that is damaged (bad magic,
+checksum, or msgpack) raises CheckpointError naming it; recovery then falls back to the
+previous one.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 from typing import Any
 
-import msgpack
 import xxhash
 
-from lsm.files import fsync_dir
-from nosync import codec
+from nosync import codec, storage
 from nosync.errors import NosyncError
 from nosync.state.stores import load_keyed
 
@@ -42,39 +45,31 @@ class CheckpointError(NosyncError):
         self.path = path
 
 
-def directory(run_dir: str) -> str:
-    """The directory of a run's checkpoint files."""
-    return os.path.join(run_dir, "checkpoints")
+def directory(root: str) -> str:
+    """The directory of the checkpoint files of the run whose shared tier is `root`."""
+    return storage.join(root, "checkpoints")
 
 
-def path_of(run_dir: str, checkpoint: int) -> str:
-    """The path of the file of checkpoint `checkpoint` in run `run_dir`."""
-    return os.path.join(directory(run_dir), f"chk-{checkpoint:010d}.msgpack")
+def path_of(root: str, checkpoint: int) -> str:
+    """The path (or URI) of the file of checkpoint `checkpoint` of the run whose shared tier is `root`."""
+    return storage.join(directory(root), f"chk-{checkpoint:010d}.msgpack")
 
 
-def write(run_dir: str, checkpoint: int, body: dict) -> str:
+def write(root: str, checkpoint: int, body: dict) -> str:
     """Writes the metadata of a completed checkpoint atomically; returns its path."""
-    d = directory(run_dir)
-    os.makedirs(d, exist_ok=True)
-    data = msgpack.packb(body, use_bin_type=True)
-    path = path_of(run_dir, checkpoint)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(_HEAD.pack(MAGIC, FORMAT, xxhash.xxh64_intdigest(data)) + data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(d)
+    data = codec.pack(body)
+    path = path_of(root, checkpoint)
+    storage.write_bytes(path, _HEAD.pack(MAGIC, FORMAT, xxhash.xxh64_intdigest(data)) + data)
     return path
 
 
 def read(path: str) -> dict:
     """The body of a checkpoint file; raises CheckpointError if it is missing or damaged."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = storage.read_bytes(path)
     except OSError as e:
-        raise CheckpointError(path, f"cannot be read: {e.strerror or e}") from None
+        raise CheckpointError(storage.redact(path), f"cannot be read: {e.strerror or e}") from None
+    path = storage.redact(path)
     if len(raw) < _HEAD.size:
         raise CheckpointError(path, f"truncated ({len(raw)} bytes)")
     magic, fmt, digest = _HEAD.unpack_from(raw)
@@ -94,41 +89,35 @@ def read(path: str) -> dict:
     return body
 
 
-def completed(run_dir: str) -> list[int]:
-    """Ids of the checkpoint files in the run directory, oldest first."""
-    d = directory(run_dir)
-    if not os.path.isdir(d):
-        return []
+def completed(root: str) -> list[int]:
+    """Ids of the checkpoint files of the run whose shared tier is `root`, oldest first."""
     ids = []
-    for name in os.listdir(d):
+    for name in storage.listdir(directory(root)):
         m = _NAME.match(name)
         if m:
             ids.append(int(m.group(1)))
     return sorted(ids)
 
 
-def latest_valid(run_dir: str, below: int | None = None) -> tuple[int, dict | None, list[CheckpointError]]:
+def latest_valid(root: str, below: int | None = None) -> tuple[int, dict | None, list[CheckpointError]]:
     """The newest checkpoint (below `below`, if given) whose file reads whole: its id and body,
     and the errors of the newer ones skipped. (-1, None, errors) when there is none."""
     errors = []
-    for c in reversed(completed(run_dir)):
+    for c in reversed(completed(root)):
         if below is not None and c >= below:
             continue
         try:
-            return c, read(path_of(run_dir, c)), errors
+            return c, read(path_of(root, c)), errors
         except CheckpointError as e:
             errors.append(e)
     return -1, None, errors
 
 
-def prune(run_dir: str, keep: int) -> None:
+def prune(root: str, keep: int) -> None:
     """Removes all but the newest `keep` checkpoint files."""
-    ids = completed(run_dir)
+    ids = completed(root)
     for c in ids[:-keep] if keep else ids:
-        try:
-            os.unlink(path_of(run_dir, c))
-        except FileNotFoundError:
-            pass
+        storage.delete(path_of(root, c))
 
 
 def body(pipeline: str, checkpoint: int, workers: dict[int, Any], extra: dict | None = None) -> dict:
@@ -159,11 +148,6 @@ def find_first_epoch(body: dict, epoch_records: int) -> int:
 
 STATE = "state"
 """The name of an operator's keyed state in its store."""
-
-
-def state_path(run_dir: str, worker: int, operator: str) -> str:
-    """The directory of the keyed store of operator `operator` on worker `worker` (mode abs)."""
-    return os.path.join(run_dir, "state", f"w{worker}", operator)
 
 
 def restore_keyed(op: Any, store: Any, as_of: int | None = None) -> None:

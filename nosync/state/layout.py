@@ -1,7 +1,8 @@
 """Where a nosync worker keeps what it persists, and how tools read it back.
 
-Each worker owns one `lsm` store, `<run dir>/state/w<i>/nosync`, and, when a source cannot
-restart from a position, an input store beside it (`input`). The worker store holds these
+Each worker owns one `lsm` store, `nosync` in its local root (`<local root>/nosync`,
+`nosync.places`: `<run dir>/state/w<i>/nosync` on an embedded Spark), and, when a source
+cannot restart from a position, an input store beside it (`input`). The worker store holds these
 states, every append at a new seq (a counter of the store, not the worker's step):
 
 - `i` (the worker's operator number) for each keyed operator: its changed keys, one run per
@@ -36,14 +37,22 @@ OUT = "out"
 LINEAGE = "lineage"
 
 
-def store_path(run_dir: str, worker: int) -> str:
-    """The directory of worker `worker`'s store."""
-    return os.path.join(run_dir, "state", f"w{worker}", "nosync")
+STORE = "nosync"
+"""The name of a nosync worker's store in its local root."""
+INPUT = "input"
+"""The name of a nosync worker's input store in its local root (sources that cannot restart
+from a position)."""
 
 
-def input_store_path(run_dir: str, worker: int) -> str:
-    """The directory of worker `worker`'s input store (sources that cannot restart from a position)."""
-    return os.path.join(run_dir, "state", f"w{worker}", "input")
+def store_path(state_dir: str, worker: int) -> str:
+    """The directory of worker `worker`'s store in a tree of the run's local roots
+    `state_dir/w<i>` (an embedded run's `<run dir>/state`, or a tool's copy of the stores)."""
+    return os.path.join(state_dir, f"w{worker}", STORE)
+
+
+def input_store_path(state_dir: str, worker: int) -> str:
+    """The directory of worker `worker`'s input store in a tree of the run's local roots."""
+    return os.path.join(state_dir, f"w{worker}", INPUT)
 
 
 def iter_snapshots(store: Any) -> Any:

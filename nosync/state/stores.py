@@ -8,6 +8,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import lsm
+from lsm.files import copy_store
+from nosync import storage
 from nosync.errors import RunFailed
 from nosync.runtime.keyed import JoinOp
 
@@ -24,23 +26,19 @@ def read_store(path: str) -> Any:
     return lsm.Store(path, budget=0, uploads=False)
 
 
-def remote_of(path: str) -> str:
-    """Where the remote tier of the store at `<run dir>/state/w<i>/<name>` lives:
-    `<run dir>/remote/w<i>/<name>`, outside the worker's local root `state/w<i>` (what a lost
-    machine takes with it)."""
-    head, name = os.path.split(os.path.abspath(path))
-    state, wdir = os.path.split(head)
-    return os.path.join(os.path.dirname(state), "remote", wdir, name)
-
-
-def open_store(worker: Worker, path: str, what: str, **options: Any) -> Any:
-    """Opens the `lsm` store at `path` for `worker`, waiting (with heartbeats) while the
-    process of an attempt being killed still holds its lock; `what` names it in errors. A new
-    store keeps its remote tier outside the worker's local root (`remote_of`); an existing one
-    where its manifest says (a copy made by a tool reads its original's)."""
+def open_store(worker: Worker, name: str, what: str, **options: Any) -> Any:
+    """Opens worker `worker`'s `lsm` store `name` in its local root (`Places.store`),
+    waiting (with heartbeats) while the process of an attempt being killed still holds its
+    lock; `what` names it in errors. A new store that uploads (`uploads=True`: the level a
+    snapshot waits for is the remote tier) keeps its remote tier on the run's shared tier
+    (`Places.store_remote`), so that a worker on another host restores from it when its own
+    local root is gone: an empty directory opened with it is rebuilt from the remote tier. An
+    existing store keeps the remote tier its manifest names."""
+    places = worker.places
+    path = places.store(worker.index, name)
     deadline = time.monotonic() + LOCK_WAIT_S
-    if not os.path.exists(os.path.join(path, "MANIFEST")):
-        options.setdefault("remote", remote_of(path))
+    if options.get("uploads") and not os.path.exists(os.path.join(path, "MANIFEST")):
+        options.setdefault("remote", places.store_remote(worker.index, name))
     while True:
         try:
             return lsm.Store(path, **options)
@@ -50,7 +48,25 @@ def open_store(worker: Worker, path: str, what: str, **options: Any) -> Any:
             worker.keepalive()
             time.sleep(0.1)
         except lsm.LsmError as e:
-            raise RunFailed(f"worker {worker.index}: {what}: {e}") from e
+            raise RunFailed(f"worker {worker.index}: {what}: {storage.redact(str(e))}") from e
+
+
+def put_store(path: str, where: str) -> None:
+    """A copy at `where` (a path or a URI, `storage`) of the closed store (or tree of stores)
+    at `path`, for a task on another host to open (`get_store`)."""
+    if storage.is_local(where):
+        copy_store(path, storage.local_path(where))
+    else:
+        storage.upload_tree(path, where, skip=("LOCK",))
+
+
+def get_store(where: str, path: str) -> None:
+    """A copy at the local `path` of the store (or tree of stores) `put_store` left at
+    `where`, to open in its place."""
+    if storage.is_local(where):
+        copy_store(storage.local_path(where), path)
+    else:
+        storage.download_tree(where, path)
 
 
 def load_keyed(op: Any, store: Any, prefix: Any, as_of: int | None = None) -> None:

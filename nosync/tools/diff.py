@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from nosync import storage
 from nosync.api import sinks
 from nosync.errors import NosyncError
 
@@ -25,14 +26,18 @@ def _canon(x: Any) -> str:
 
 
 def _kind(directory: str) -> str:
-    if not os.path.isdir(directory):
-        raise NosyncError(f"{directory}: no such directory (a committed output of a Files or LevelDB sink)")
-    names = [n for n in os.listdir(directory) if n.startswith("part-")]
-    if any(os.path.isdir(os.path.join(directory, n)) for n in names):
+    """ "files" or "map": what the committed output in `directory` (a path, or a URI of a Files
+    sink's) holds."""
+    listed = storage.listdir(directory)
+    shown = storage.redact(directory)
+    if not listed and not storage.exists(directory):
+        raise NosyncError(f"{shown}: no such directory (a committed output of a Files or LevelDB sink)")
+    names = [n for n in listed if n.startswith("part-")]
+    if storage.is_local(directory) and any(os.path.isdir(os.path.join(directory, n)) for n in names):
         return "map"
-    if any(n.endswith((".jsonl", ".parquet")) for n in names) or os.path.isdir(os.path.join(directory, "_staging")):
+    if any(n.endswith((".jsonl", ".parquet")) for n in names) or "_staging" in listed:
         return "files"
-    raise NosyncError(f"{directory}: no committed part files here (part-*.jsonl, part-*.parquet or part-N/ LevelDB)")
+    raise NosyncError(f"{shown}: no committed part files here (part-*.jsonl, part-*.parquet or part-N/ LevelDB)")
 
 
 def _key_of(record: Any, key: str | None) -> Any:

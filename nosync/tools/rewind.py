@@ -59,13 +59,13 @@ from typing import Any
 
 from lineage import rewind_plan
 from lsm import LsmError
-from lsm.files import copy_store
-from nosync import codec
+from nosync import codec, storage
 from nosync.api import sinks
-from nosync.api.loader import load_pipeline
+from nosync.api.loader import load_pipeline, pipeline_source
 from nosync.api.pipeline import Pipeline
 from nosync.errors import NosyncError, PipelineError
 from nosync.spark.batch import epoch_records_of, run_jobs
+from nosync.state.layout import INPUT
 from nosync.tools.starts import (
     BUFFERED_SEQ,
     committed_epochs,
@@ -73,6 +73,7 @@ from nosync.tools.starts import (
     find_snapshot_cut,
     stores_hold,
 )
+from nosync.tools.stores import copy_stores, local_stores, run_places
 
 RESTORE_FROM = ("auto", "checkpoint", "sources")
 
@@ -169,23 +170,18 @@ def _carry_output(old: Pipeline, new: Pipeline, cone: set[str], upto: dict[int, 
     return n
 
 
-def _copy_state(run_dir: str, scratch: str) -> str | None:
-    """A copy of the run's stores under `scratch` (opening one recovers its LevelDB log,
-    which would rewrite the run's files), or None if the run has none."""
-    state = os.path.join(run_dir, "state")
-    if not os.path.isdir(state):
-        return None
-    copy = os.path.join(scratch, "state")
-    copy_store(state, copy)
-    return copy
+def _copy_state(run_dir: str, run: dict, scratch: str) -> str | None:
+    """A copy of the run's stores under `scratch` (`tools.stores.copy_stores`: opening one
+    recovers its LevelDB log, which would rewrite the run's files), or None if the run has none."""
+    return copy_stores(run_dir, run, os.path.join(scratch, "state"))
 
 
 def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str, stores: str | None) -> str | None:
-    """For a nosync run with a source that cannot restart from a position: a copy under
-    `scratch` of the input logs its workers kept of such sources, which the batch jobs read in
-    its place (`batch._LoggedSource`), or `stores`, the copy of all the run's stores the jobs
-    start from (`_copy_state`), when it holds them; None for a pipeline without one. Raises
-    NosyncError for a run that kept no input log."""
+    """For a nosync run with a source that cannot restart from a position: the copy of the
+    run's stores, with the input logs its workers kept of such sources, which the batch jobs
+    read in its place (`batch._LoggedSource`): `stores`, the copy the jobs start from
+    (`_copy_state`), when there is one, else a copy made under `scratch`; None for a pipeline
+    without one. Raises NosyncError for a run that kept no input log."""
     live = [n for n in pipeline.nodes if n.kind == "source" and not n.params["source"].replayable]
     if not live:
         return None
@@ -195,16 +191,9 @@ def _copy_input_logs(run_dir: str, run: dict, pipeline: Pipeline, scratch: str, 
             f"{what}, and only a run in mode nosync keeps an input log to read it back from: {run_dir} is a run in "
             f"mode {run.get('mode')}"
         )
-    state = os.path.join(run_dir, "state")
-    logs = sorted(os.listdir(state)) if os.path.isdir(state) else []
-    logs = [w for w in logs if os.path.isdir(os.path.join(state, w, "input"))]
-    if not logs:
+    copy = stores or copy_stores(run_dir, run, os.path.join(scratch, "inputs"))
+    if copy is None or not any(name == INPUT for _, name, _ in local_stores(copy)):
         raise NosyncError(f"{what}, and {run_dir} holds no input log (state/w<worker>/input) to read it back from")
-    if stores is not None and all(os.path.isdir(os.path.join(stores, w, "input")) for w in logs):
-        return stores
-    copy = os.path.join(scratch, "inputs")
-    for w in logs:
-        copy_store(os.path.join(state, w, "input"), os.path.join(copy, w, "input"))
     return copy
 
 
@@ -272,9 +261,9 @@ def _choose_start(
     if why_not is None:
         try:
             if mode == "abs":
-                point = _checkpoint_before(run_dir, pipeline, epoch, per_epoch, where, scratch)
+                point = _checkpoint_before(run_dir, run, pipeline, epoch, per_epoch, where, scratch)
             else:
-                copy = _copy_state(run_dir, scratch)
+                copy = _copy_state(run_dir, run, scratch)
                 if copy is None:
                     point = {"why_not": "the run kept no state"}
                 else:
@@ -297,9 +286,9 @@ def _choose_start(
 
 
 def _checkpoint_before(
-    run_dir: str, pipeline: Pipeline, epoch: int | None, per_epoch: int, where: str, scratch: str
+    run_dir: str, run: dict, pipeline: Pipeline, epoch: int | None, per_epoch: int, where: str, scratch: str
 ) -> dict:
-    point = find_checkpoint_before(run_dir, pipeline, epoch, per_epoch)
+    point = find_checkpoint_before(run_places(run_dir, run).shared, pipeline, epoch, per_epoch)
     c = point["checkpoint"]
     if c < 0:
         kept = point["retained"]
@@ -307,13 +296,14 @@ def _checkpoint_before(
             "why_not": f"no retained checkpoint of the run lies {where}"
             + (f" (it retains checkpoints {kept[0]} to {kept[-1]})" if kept else " (it retains none)")
         }
-    copy = _copy_state(run_dir, scratch)
+    copy = _copy_state(run_dir, run, scratch)
     why_not = stores_hold(copy, c) if copy is not None else None
     if why_not is not None:
         return {"why_not": why_not}
     os.makedirs(scratch, exist_ok=True)
-    chk = os.path.join(scratch, os.path.basename(point["path"]))
-    shutil.copy2(point["path"], chk)
+    chk = os.path.join(scratch, storage.name_of(point["path"]))
+    with open(chk, "wb") as f:
+        f.write(storage.read_bytes(point["path"]))
     body = point["body"]
     return {
         "checkpoint": c,
@@ -475,6 +465,7 @@ def _rewind(
             "cone": [n.id for n in old.nodes if n.name in cone],
             "epoch": to_epoch,
             "pipeline_file": run["pipeline_file"],
+            "pipeline_source": pipeline_source(run["pipeline_file"]),
             "params": dict(run.get("params") or {}),
         }
     }

@@ -9,15 +9,19 @@ import collections
 import fcntl
 import json
 import os
-import re
 from typing import Any
 
 import lsm
 from lsm.files import copy_store, scratch_near, tree_bytes
+from lsm.manifest import read_manifest
+from lsm.store import DEFAULT_REMOTE
+from nosync import storage
 from nosync.errors import NosyncError
 from nosync.spark.batch import epoch_records_of
-from nosync.state.stores import read_store, remote_of
+from nosync.state import checkpoints as checkpoint_files
+from nosync.state.stores import read_store
 from nosync.tools.starts import SnapshotLogs, iter_usable_checkpoints
+from nosync.tools.stores import local_base, local_stores, run_places, shared_stores
 
 TIERS = ("log", "disk", "remote")
 """The directories of an `lsm` store: the local log, the LevelDB disk tier, the remote tier."""
@@ -34,25 +38,29 @@ def _parquet(path: str) -> list[dict]:
     return pq.read_table(path).to_pylist() if os.path.exists(path) else []
 
 
-def _stores(run_dir: str) -> list[dict]:
-    """Every `lsm` store under <run dir>/state: worker, name, bytes per tier."""
-    out = []
-    state = os.path.join(run_dir, "state")
-    if not os.path.isdir(state):
+def _stores(run_dir: str, run: dict) -> list[dict]:
+    """Every `lsm` store of the run: worker, name, bytes per tier; from its local roots when
+    they are on this host, else from its shared tier (remote bytes only)."""
+    base = local_base(run_dir, run)
+    if base is not None:
+        out = []
+        for w, name, path in local_stores(base):
+            row = {"worker": w, "store": name, "path": path}
+            row.update({f"{t}_bytes": tree_bytes(os.path.join(path, t)) for t in TIERS})
+            try:
+                remote = read_manifest(path).remote
+            except lsm.LsmError:
+                remote = DEFAULT_REMOTE  # opening its copy below says what is wrong with it
+            if remote != DEFAULT_REMOTE:
+                # a store whose remote tier is outside the worker's local root
+                row["remote_bytes"] += storage.tree_bytes(remote)
+            out.append(row)
         return out
-    for wdir in sorted(os.listdir(state)):
-        m = re.match(r"^w(\d+)$", wdir)
-        if not m:
-            continue
-        for name in sorted(os.listdir(os.path.join(state, wdir))):
-            path = os.path.join(state, wdir, name)
-            if os.path.isdir(path):
-                row = {"worker": int(m.group(1)), "store": name, "path": path}
-                row.update({f"{t}_bytes": tree_bytes(os.path.join(path, t)) for t in TIERS})
-                # a store made since the remote tier moved out of the worker's local root
-                row["remote_bytes"] += tree_bytes(remote_of(path))
-                out.append(row)
-    return out
+    return [
+        {"worker": w, "store": name, "path": storage.redact(uri), "log_bytes": 0, "disk_bytes": 0}
+        | {"remote_bytes": storage.tree_bytes(uri), "shared": True}
+        for w, name, uri in shared_stores(run_dir, run)
+    ]
 
 
 def _in_use(path: str) -> bool:
@@ -141,11 +149,8 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
     completed = [e for e in events if e.get("event") == "checkpoint_completed"]
     if checkpoints or completed:
         ids = [e["checkpoint"] for e in completed]
-        on_disk = (
-            sorted(n for n in os.listdir(os.path.join(run_dir, "checkpoints")) if n.startswith("chk-"))
-            if (os.path.isdir(os.path.join(run_dir, "checkpoints")))
-            else []
-        )
+        shared = run_places(run_dir, run).shared
+        on_disk = [n for n in storage.listdir(checkpoint_files.directory(shared)) if n.startswith("chk-")]
         info["checkpoints"] = {
             "completed": len(completed),
             "last": max(ids) if ids else None,
@@ -161,24 +166,33 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
             # still hold that checkpoint's versions: they keep the last abs.RETENTION)
             per_epoch = epoch_records_of(run)
             try:
-                firsts = [first for *_, first in iter_usable_checkpoints(run_dir, run.get("pipeline"), per_epoch)]
+                firsts = [first for *_, first in iter_usable_checkpoints(shared, run.get("pipeline"), per_epoch)]
             except NosyncError:
                 firsts = []  # checkpoints of another pipeline: none to start from
             info["checkpoints"]["rewind_from_epoch"] = min(firsts, default=None)
-    stores = _stores(run_dir)
+    stores = _stores(run_dir, run)
     if open_stores:
+        uris = {(w, n): u for w, n, u in shared_stores(run_dir, run)} if any(s.get("shared") for s in stores) else {}
         with scratch_near(run_dir, "nosync-inspect-") as copies:
             busy = False
             for s in stores:
-                if _in_use(s["path"]):
-                    s["in_use"] = busy = True
-                    continue
                 copy = os.path.join(copies, f"w{s['worker']}", s["store"])
-                try:
-                    copy_store(s["path"], copy)
-                except OSError as e:
-                    s["error"] = f"cannot be copied to be read: {e}"
-                    continue
+                if s.get("shared"):
+                    # rebuilt from its remote tier: an empty directory opened with it
+                    try:
+                        lsm.Store(copy, remote=uris[(s["worker"], s["store"])], budget=0, uploads=False).close()
+                    except (OSError, lsm.LsmError) as e:
+                        s["error"] = storage.redact(f"cannot be read from the shared tier: {e}")
+                        continue
+                else:
+                    if _in_use(s["path"]):
+                        s["in_use"] = busy = True
+                        continue
+                    try:
+                        copy_store(s["path"], copy)
+                    except OSError as e:
+                        s["error"] = f"cannot be copied to be read: {e}"
+                        continue
                 s.update(_durable(copy, s["path"]))
             if run.get("mode") == "nosync" and not run.get("epoch_ms"):
                 first = None if busy else _first_cut_epoch(copies, run)

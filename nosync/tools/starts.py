@@ -10,7 +10,7 @@ from typing import Any
 import msgpack
 
 from lineage import consistent_cut
-from nosync import codec
+from nosync import codec, storage
 from nosync.api import sinks
 from nosync.api.pipeline import Pipeline
 from nosync.errors import NosyncError
@@ -20,23 +20,23 @@ from nosync.spark.tasks import MARK as ROW_MARK
 from nosync.state import checkpoints
 from nosync.state.layout import iter_snapshots, logged_frames
 from nosync.state.stores import read_store
+from nosync.tools.stores import local_stores
 
 
 def committed_epochs(directory: str) -> list[int]:
-    """The epochs a Files sink committed part files of in `directory`, sorted
-    (none if it does not exist)."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted({int(m.group(1)) for n in os.listdir(directory) if (m := sinks.PART_NAME.match(n))})
+    """The epochs a Files sink committed part files of in `directory` (a path or a URI),
+    sorted (none if it does not exist)."""
+    return sorted({int(m.group(1)) for n in storage.listdir(directory) if (m := sinks.PART_NAME.match(n))})
 
 
-def iter_usable_checkpoints(run_dir: str, pipeline_name: str, per_epoch: int, skipped: list | None = None) -> Any:
-    """(id, path, body, first epoch) of each retained checkpoint of an abs run that batch jobs
-    can start from, newest first. One that left an operator's keyed state out (its input had
-    ended before the barrier) is passed over; a damaged file too, its error appended to
-    `skipped`. The first epoch is the first that begins at or after the checkpoint's cut."""
-    for c in reversed(checkpoints.completed(run_dir)):
-        path = checkpoints.path_of(run_dir, c)
+def iter_usable_checkpoints(shared: str, pipeline_name: str, per_epoch: int, skipped: list | None = None) -> Any:
+    """(id, path, body, first epoch) of each retained checkpoint of an abs run (whose shared
+    tier is `shared`: `nosync.places`) that batch jobs can start from, newest first. One that
+    left an operator's keyed state out (its input had ended before the barrier) is passed
+    over; a damaged file too, its error appended to `skipped`. The first epoch is the first
+    that begins at or after the checkpoint's cut."""
+    for c in reversed(checkpoints.completed(shared)):
+        path = checkpoints.path_of(shared, c)
         try:
             body = checkpoints.read(path)
         except checkpoints.CheckpointError as e:
@@ -44,18 +44,20 @@ def iter_usable_checkpoints(run_dir: str, pipeline_name: str, per_epoch: int, sk
                 skipped.append(str(e))
             continue
         if body.get("pipeline") != pipeline_name:
-            raise NosyncError(f"{path} is a checkpoint of pipeline '{body.get('pipeline')}', not '{pipeline_name}'")
+            raise NosyncError(
+                f"{storage.redact(path)} is a checkpoint of pipeline '{body.get('pipeline')}', not '{pipeline_name}'"
+            )
         if all(m.get("keyed_state") is not False for w in body["workers"].values() for m in w["ops"].values()):
             yield c, path, body, checkpoints.find_first_epoch(body, per_epoch)
 
 
-def find_checkpoint_before(run_dir: str, pipeline: Pipeline, to_epoch: int | None, per_epoch: int) -> dict:
-    """The newest usable checkpoint of an abs run whose cut lies at or before the start of
-    epoch `to_epoch` (no source partition read a record of it; None: any), as {"checkpoint",
-    "path", "body", "epoch", "records"}; {"checkpoint": -1, ...} if there is none. Also lists
-    the retained ids and the damaged files skipped."""
-    found: dict = {"checkpoint": -1, "retained": checkpoints.completed(run_dir), "skipped": []}
-    for c, path, body, first in iter_usable_checkpoints(run_dir, pipeline.name, per_epoch, found["skipped"]):
+def find_checkpoint_before(shared: str, pipeline: Pipeline, to_epoch: int | None, per_epoch: int) -> dict:
+    """The newest usable checkpoint of an abs run (whose shared tier is `shared`) whose cut
+    lies at or before the start of epoch `to_epoch` (no source partition read a record of it;
+    None: any), as {"checkpoint", "path", "body", "epoch", "records"}; {"checkpoint": -1, ...}
+    if there is none. Also lists the retained ids and the damaged files skipped."""
+    found: dict = {"checkpoint": -1, "retained": checkpoints.completed(shared), "skipped": []}
+    for c, path, body, first in iter_usable_checkpoints(shared, pipeline.name, per_epoch, found["skipped"]):
         if to_epoch is None or first <= to_epoch:
             _, epoch, total = checkpoints.find_cut(body)
             return {**found, "checkpoint": c, "path": path, "body": body, "epoch": epoch, "records": total}
@@ -95,11 +97,7 @@ def stores_hold(state_dir: str, c: int) -> str | None:
     """None if every keyed store under `state_dir` (a copy) still holds its versions as of
     seq `c`, else why not. Opening a copy for the first time recovers its LevelDB log, if the
     run left one, which the batch tasks then do not pay again."""
-    paths = [
-        os.path.join(state_dir, w, name)
-        for w in sorted(os.listdir(state_dir))
-        for name in sorted(os.listdir(os.path.join(state_dir, w)))
-    ]
+    paths = [path for _, _, path in local_stores(state_dir)]
     for path, (_, horizon) in zip(paths, open_copies(paths, lambda store: store.horizon, keep=False), strict=True):
         if c < horizon:
             w, name = path.split(os.sep)[-2:]

@@ -92,6 +92,17 @@ class NosyncMode(Mode):
             self.changed = True
             return
         if msg.get("op") == NosyncOp.REPLAYED:
+            lost = next((r for r in reversed(self.recoveries) if r["worker"] == worker), None)
+            if lost is not None and int(msg["restored_step"]) < lost["durable_step"]:
+                # its durable snapshot is gone: what its peers trimmed past it cannot be replayed
+                coord.fail(
+                    f"worker {worker} restored its snapshot at step {int(msg['restored_step'])}, but its durable "
+                    f"point was a snapshot at step {lost['durable_step']}, in a store its retry on "
+                    f"{coord.addresses.get(worker, ['?'])[0]} cannot reach: a store lives on its worker's host "
+                    f"(--checkpoint-tier {self.options.checkpoint_tier}); on a cluster, where a retry may run on "
+                    f"another host, use --checkpoint-tier remote or replicated"
+                )
+                return
             self.replaying.discard(worker)
             self.changed = True  # the others learn it is back (`away`) with the next points
             done = self.recovering.pop(worker, None)

@@ -62,7 +62,8 @@ from nosync.runtime import frames
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.operators import EOS
 from nosync.state.inputlog import InputLog
-from nosync.state.layout import input_store_path, store_path
+from nosync.state.layout import INPUT as INPUT_NAME
+from nosync.state.layout import STORE as STORE_NAME
 from nosync.state.stores import open_store
 
 if TYPE_CHECKING:
@@ -469,12 +470,11 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
     def _open_store(self, worker: Worker) -> None:
         if self.store is not None:
             return
-        path = store_path(worker.spec["run_dir"], worker.index)
         # every version until RETENTION snapshots were taken (`_snapshot` narrows it)
         self.store = open_store(
             worker,
-            path,
-            f"the nosync log {path}",
+            STORE_NAME,
+            f"the nosync log {worker.places.store(worker.index, STORE_NAME)}",
             retention=1 << 62,
             budget=self.budget,
             uploads=self.tier == "remote",
@@ -490,7 +490,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self._reset()
         if self.outlog is not None:
             self.outlog.close()
-        spill = os.path.join(worker.spec["run_dir"], "state", f"w{worker.index}", f"outlog-a{worker.attempt}.spill")
+        spill = os.path.join(worker.places.local_root(worker.index), f"outlog-a{worker.attempt}.spill")
         self.outlog = OutputLog(spill, self.max_out_mem)
         if self.threshold:
             self.span_reason = span.eligible(worker.plan)
@@ -507,9 +507,9 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         for i, src in enumerate(worker.sources):
             if not src.source.replayable:
                 if self.inputs is None:
-                    path = input_store_path(worker.spec["run_dir"], worker.index)
+                    path = worker.places.store(worker.index, INPUT_NAME)
                     self.inputs = open_store(
-                        worker, path, f"the input log {path}", retention=0, uploads=self.store_tier == "remote"
+                        worker, INPUT_NAME, f"the input log {path}", retention=0, uploads=self.store_tier == "remote"
                     )
                 src.source = InputLog(src.source, i, self.inputs, self.store_tier)
                 self.input_logs.append(src.source)

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import lsm
 from nosync.runtime import frames
-from nosync.state.layout import store_path
+from nosync.state.layout import STORE as STORE_NAME
 from nosync.state.replicas import Replicas
-from nosync.state.stores import remote_of
 
 if TYPE_CHECKING:
     from nosync.runtime.worker import Worker
@@ -110,7 +109,7 @@ class Levels:
         for name in self._level_names():
             self.level_lag_s.setdefault(name, 0.0)
         self.pacer = LevelPacer(self._level_names(), self.tier, self.budget)
-        path = store_path(worker.spec["run_dir"], worker.index)
+        path = worker.places.store(worker.index, STORE_NAME)
         self.lost_store = self.restoring and not (
             os.path.exists(os.path.join(path, "MANIFEST")) and os.path.exists(os.path.join(path, "disk"))
         )
@@ -151,7 +150,8 @@ class Levels:
             img, records = got
             # what is left of the lost store (a manifest without its tiers) goes first
             shutil.rmtree(path, ignore_errors=True)
-            last = lsm.seed(path, img, records, remote=remote_of(path))
+            remote = worker.places.store_remote(worker.index, STORE_NAME) if self.tier == "remote" else None
+            last = lsm.seed(path, img, records, remote=remote)
             self.seeded_from = {"seq": last, "records": len(records), "seconds": time.perf_counter() - t0}
 
     def take_held_back(self, worker: Worker) -> None:

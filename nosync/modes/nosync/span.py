@@ -44,9 +44,8 @@ import time
 from typing import Any
 
 from lineage import Step
-from lsm.files import copy_store
-from nosync import codec
-from nosync.api.loader import load_pipeline
+from nosync import codec, storage
+from nosync.api.loader import spec_pipeline
 from nosync.api.pipeline import KEYED_KINDS
 from nosync.api.plan import plan
 from nosync.api.sinks import SinkPart
@@ -62,7 +61,7 @@ from nosync.runtime.router import Router
 from nosync.runtime.worker import Worker
 from nosync.spark.tasks import ERROR, SCHEMA, STATS, fail_fast, rows_batch
 from nosync.state.layout import META, store_state
-from nosync.state.stores import read_store
+from nosync.state.stores import get_store, put_store, read_store
 
 log = logging.getLogger("nosync.nosync")
 
@@ -191,19 +190,21 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
     `<dir>/t<task>.msgpack`; returns what it did."""
     t0 = time.time()
     me = int(job["worker"])
-    p = plan(load_pipeline(spec["pipeline_file"], spec["params"]), spec["workers"])
+    p = plan(spec_pipeline(spec), spec["workers"])
     w = _SpanWorker(me, spec, task, tasks, _pure_sinks(p))
     w.build(p)
     for op in w.ops:
         if isinstance(op, KeyedOp):
             _gate(w, op)
-    with open(os.path.join(job["dir"], "span.msgpack"), "rb") as f:
-        span = codec.unpack(f.read())
-    scratch = tempfile.mkdtemp(prefix="nosync-span-", dir=job["dir"])
+    span = codec.read_file(storage.join(job["dir"], "span.msgpack"))
+    # a copy of the recovering worker's store on the host this task runs on: beside the job's
+    # own where that is local (its tables then linked, not copied)
+    near = storage.local_path(job["dir"]) if storage.is_local(job["dir"]) else None
+    scratch = tempfile.mkdtemp(prefix="nosync-span-", dir=near)
     store = None
     try:
         copy = os.path.join(scratch, "store")
-        copy_store(os.path.join(job["dir"], "base"), copy)
+        get_store(storage.join(job["dir"], "base"), copy)
         store = read_store(copy)
         restore = int(span["restore_seq"])
         raw = store.get(META, 0, as_of=restore) if restore >= 0 else None
@@ -245,10 +246,7 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
             "folded": sum(op.records_in for op in w.ops if isinstance(op, KeyedOp)),
             "seconds": time.time() - t0,
         }
-        path = os.path.join(job["dir"], f"t{task}.msgpack")
-        with open(path + ".tmp", "wb") as f:
-            f.write(codec.pack(out))
-        os.replace(path + ".tmp", path)
+        codec.write_file(storage.join(job["dir"], f"t{task}.msgpack"), out)
         return {k: out[k] for k in ("task", "read", "folded", "seconds")}
     finally:
         if store is not None:
@@ -294,8 +292,7 @@ def load_results(job_dir: str, tasks: int, ordered: set) -> dict:
     order is then unknown."""
     got = []
     for t in range(tasks):
-        with open(os.path.join(job_dir, f"t{t}.msgpack"), "rb") as f:
-            got.append(codec.unpack(f.read()))
+        got.append(codec.read_file(storage.join(job_dir, f"t{t}.msgpack")))
     meta = dict(got[0]["meta"])
     for g in got[1:]:
         for name, m in g["meta"].items():
@@ -386,16 +383,17 @@ def hand_over(self: Any, worker: Worker, entries: list, pump: Any) -> int:
         for j, fs in got.items():
             self.queue[j].extendleft(reversed(fs))
 
-    spans = os.path.join(worker.spec["run_dir"], "span")
-    for old in os.listdir(spans) if os.path.isdir(spans) else ():
+    # on the shared tier: the job's tasks run on other executors, maybe on other hosts
+    spans = worker.places.shared_path("span")
+    for old in storage.listdir(spans):
         if old.startswith(f"w{me}-"):
-            shutil.rmtree(os.path.join(spans, old), ignore_errors=True)  # a lost attempt's
-    job_dir = os.path.join(spans, f"w{me}-a{worker.attempt}-s{self.step}")
-    os.makedirs(job_dir)
-    with open(os.path.join(job_dir, "span.msgpack"), "wb") as out:
-        out.write(
-            codec.pack({"restore_step": self.step, "restore_seq": self.snap_seq, "entries": taken, "frames": inputs})
-        )
+            storage.delete_tree(storage.join(spans, old))  # a lost attempt's
+    job_dir = storage.join(spans, f"w{me}-a{worker.attempt}-s{self.step}")
+    storage.makedirs(job_dir)
+    codec.write_file(
+        storage.join(job_dir, "span.msgpack"),
+        {"restore_step": self.step, "restore_seq": self.snap_seq, "entries": taken, "frames": inputs},
+    )
     t1 = time.perf_counter()
     # the job reads the store at the snapshot from a copy, made while nobody writes it
     if self.loader is not None:
@@ -404,7 +402,7 @@ def hand_over(self: Any, worker: Worker, entries: list, pump: Any) -> int:
     path = self.store.path
     self.store.close()
     try:
-        copy_store(path, os.path.join(job_dir, "base"))
+        put_store(path, storage.join(job_dir, "base"))
     finally:
         self.store = None
         self._open_store(worker)
@@ -439,11 +437,11 @@ def hand_over(self: Any, worker: Worker, entries: list, pump: Any) -> int:
         log.warning("worker %s: the span job is not used (%s): re-executing record by record", me, why)
         self.span_reason = f"the span job was not used: {why}"
         give_back()
-        shutil.rmtree(job_dir, ignore_errors=True)
+        storage.delete_tree(job_dir)
         return 0
     t4 = time.perf_counter()
     _apply_span(self, worker, taken, counters, got, result)
-    shutil.rmtree(job_dir, ignore_errors=True)
+    storage.delete_tree(job_dir)
     t5 = time.perf_counter()
     self.span_s += t5 - t0
     # where the time went: the span's frames gathered and written, the store copied, the

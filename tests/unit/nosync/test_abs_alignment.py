@@ -21,6 +21,7 @@ import lsm
 import nosync as ns
 from nosync.errors import RunFailed
 from nosync.modes.abs import STATE, AbsHooks, AbsOp
+from nosync.places import legacy_places
 from nosync.runtime import control
 from nosync.runtime.graph import make_op
 
@@ -38,6 +39,7 @@ class Worker:
         self.gen = 0
         self.index = 0
         self.spec = {"run_dir": run_dir}
+        self.places = legacy_places(run_dir)
         self.sent: list[dict] = []
 
     def send_ctrl(self, msg: control.Message) -> None:
