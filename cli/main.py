@@ -7,6 +7,7 @@ import click
 from cli.batch import batch_cmd
 from cli.bench import bench
 from cli.chaos import chaos_cmd
+from cli.cluster import cluster_cmd
 from cli.demo import demo_cmd, lsm_demo
 from cli.diff import diff_cmd
 from cli.experiment import experiment_cmd
@@ -24,6 +25,7 @@ def main() -> None:
 main.add_command(batch_cmd)
 main.add_command(bench)
 main.add_command(chaos_cmd)
+main.add_command(cluster_cmd)
 main.add_command(demo_cmd)
 main.add_command(lsm_demo)
 main.add_command(diff_cmd)
