@@ -68,6 +68,16 @@ from nosync.modes import MODES
     help="Passed to `nosync run` (mode nosync: recoveries hand long spans to a Spark batch job).",
 )
 @master_option("embedded")
+@click.option(
+    "--cluster",
+    "cluster_name",
+    is_flag=False,
+    flag_value="nsc",
+    default=None,
+    metavar="NAME",
+    help="Run on the cluster of hosts `nosync cluster up` made (its --master and --remote; NAME default nsc): "
+    "--failure machine then kills every process of the victim's host and wipes its disk.",
+)
 @click.option("--timeout", type=click.IntRange(min=10), default=600, show_default=True, help="Seconds per run.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 @click.option("-p", "params", multiple=True, metavar="KEY=VALUE", help="A parameter for the pipeline's build(args).")
@@ -87,6 +97,7 @@ def chaos_cmd(
     persist_budget,
     replay_threshold_records,
     master,
+    cluster_name,
     timeout,
     as_json,
     params,
@@ -107,6 +118,15 @@ def chaos_cmd(
     args = parse_params(params)
     if "output" in args:
         raise click.UsageError("chaos sets -p output=<run dir>/output for each run itself: drop -p output")
+    cluster = None
+    if cluster_name is not None:
+        from experiments.cluster import load
+
+        if master is not None:
+            raise click.UsageError("--cluster runs on the cluster's own master: drop --master")
+        cluster = load(cluster_name)
+        if cluster is None:
+            raise click.UsageError(f"no cluster named {cluster_name} is up: start one with `nosync cluster up`")
     made = out is None
     out = out or tempfile.mkdtemp(prefix="nosync-chaos-")
     options = {
@@ -137,6 +157,7 @@ def chaos_cmd(
             timeout=timeout,
             progress=progress,
             failure=failure,
+            cluster=cluster,
         )
     except RunFailed as e:
         click.echo(f"error: a failure-free run failed, so nothing was judged: {e}", err=True)

@@ -61,7 +61,9 @@ import time
 from typing import Any
 
 from experiments.failures import MACHINES_LOST, lose_machines, refusal, wiped_before_retry
+from nosync import storage
 from nosync.errors import NosyncError, RunFailed
+from nosync.places import shared_of
 from nosync.runtime.dead_letters import dead_letter_record
 
 PAUSE_S = (0.3, 1.5)
@@ -239,13 +241,22 @@ def _recovered(seen: list[dict], since: int, victims: list[int]) -> bool:
     return all(v in back for v in victims)
 
 
+def run_output(run_dir: str, options: dict) -> str:
+    """Where a run's sinks write (its `-p output=`): `<run dir>/output`, or, given a shared tier
+    (`--remote`: a run on a cluster), the run's own folder there, which every host reaches."""
+    remote = options.get("remote")
+    if remote:
+        return storage.join(shared_of(os.path.abspath(run_dir), remote), "output")
+    return os.path.join(run_dir, "output")
+
+
 def _run_cmd(pipeline_file: str, run_dir: str, mode: str, workers: int, params: dict, options: dict) -> list[str]:
     cmd = [sys.executable, "-m", "cli.main", "run", pipeline_file, "--mode", mode, "--workers", str(workers)]
     cmd += ["--run-dir", run_dir]
     for k, v in options.items():
         if v is not None:
             cmd += [f"--{k.replace('_', '-')}", str(v)]
-    for k, v in {**params, "output": os.path.join(run_dir, "output")}.items():
+    for k, v in {**params, "output": run_output(run_dir, options)}.items():
         cmd += ["-p", f"{k}={v}"]
     return cmd
 
@@ -304,6 +315,7 @@ def run_chaos(
     progress: Any,
     pause: bool = False,
     failure: str = "process",
+    cluster: Any = None,
 ) -> tuple[dict, list]:
     """The run with kills; returns its summary ({"failed": why} for a run that failed or did
     not end in time) and, per kill made, its time, victims, pids, the records read then and the
@@ -313,7 +325,9 @@ def run_chaos(
     `pause`: stop one victim for a while (`PAUSE_S`) instead of killing it.
     `failure`: the class of each kill (`experiments.failures`): its victims' processes killed
     (two distinct workers for `two`, the second right after the first), then, for `machine`
-    and `two`, their local disks wiped.
+    and `two`, their local disks wiped. On a `cluster` (`experiments.cluster`), a lost machine
+    is the victim's host: every process of it killed (its Spark worker and executor too), its
+    private disk gone with them, then a new machine in its place (an empty disk).
 
     `targets` (`kill_targets`): kill k comes once the run has read `targets[k]` records (the
     most a `progress` event showed), the run is running and has something to recover from
@@ -344,13 +358,24 @@ def run_chaos(
                     time.sleep(0.01)
                     continue
                 seen, read = len(events.seen), events.read
+                hosts = []
+                if cluster is not None and MACHINES_LOST[failure] and not pause:
+                    hosts = list(dict.fromkeys(cluster.host_of_pid(pid) for pid in pids))
+                    if None in hosts:
+                        time.sleep(0.01)  # a victim's process is gone already: its next one
+                        continue
                 times = []
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
-                    except ProcessLookupError:
-                        continue  # gone already: lost all the same
-                    times.append(time.time())
+                if hosts:
+                    for h in hosts:
+                        times.append(time.time())
+                        wiped = cluster.kill_host(h)
+                else:
+                    for pid in pids:
+                        try:
+                            os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
+                        except ProcessLookupError:
+                            continue  # gone already: lost all the same
+                        times.append(time.time())
                 if not times:
                     # every victim's process was gone already: the kill waits for their next ones
                     time.sleep(0.01)
@@ -358,7 +383,12 @@ def run_chaos(
                 kill = {"t": times[0], "workers": victims, "pids": pids, "read": read, "seen": seen}
                 if len(times) > 1:
                     kill["apart_ms"] = (times[-1] - times[0]) * 1000
-                if MACHINES_LOST[failure] and not pause:
+                if hosts:
+                    kill["wiped"] = wiped
+                    kill["hosts"] = [h.name for h in hosts]
+                    for h in hosts:
+                        cluster.restart_host(h)  # a new machine in its place, with an empty disk
+                elif MACHINES_LOST[failure] and not pause:
                     kill["wiped"] = lose_machines(run_dir, victims)
             if kill is None:
                 break
@@ -445,6 +475,7 @@ def chaos(
     timeout: float = 600.0,
     progress: Any = lambda msg: None,
     failure: str = "process",
+    cluster: Any = None,
 ) -> dict:
     """Judges exactly-once of `pipeline_file` under `mode` at `workers` workers against `kills`
     failures of class `failure` (`experiments.failures`), drawn from `seed`; the runs go under
@@ -452,13 +483,15 @@ def chaos(
     `nosync chaos` read. Raises NosyncError, before any run, for what cannot be judged as asked
     (a usage error, a pipeline that does not load, or a mode and level that cannot survive the
     class: `refusal`), and
-    RunFailed for a failure-free run that failed."""
+    RunFailed for a failure-free run that failed. On a `cluster` (`experiments.cluster`),
+    every run goes to its master with its shared tier (`--master`, `--remote`), the sinks write
+    there, and a lost machine is a host of it."""
     if mode == "none":
         raise NosyncError("mode none does not recover: a kill fails the run. chaos judges abs, nosync and replay")
     if kills < 1:
         raise NosyncError(f"--kills must be at least 1, got {kills}")
     opts = options or {}
-    refused = refusal(mode, failure, opts.get("checkpoint_tier"), opts.get("replicas"), workers)
+    refused = refusal(mode, failure, opts.get("checkpoint_tier"), opts.get("replicas"), workers, cluster is not None)
     if refused is not None:
         raise NosyncError(refused)
     pipeline_file = os.path.abspath(pipeline_file)
@@ -471,10 +504,12 @@ def chaos(
         raise NosyncError(f"--out {out} is not empty: chaos keeps its runs there, give an empty or new directory")
     os.makedirs(out, exist_ok=True)
     options = dict(options or {})
+    if cluster is not None:
+        options.update(master=cluster.master, remote=cluster.remote)
     dirs = {name: os.path.join(out, name) for name in ("reference", "reference-2", "chaos")}
 
     def outputs(run_dir: str) -> dict:
-        got = committed_outputs(pipeline_file, {**params, "output": os.path.join(run_dir, "output")})
+        got = committed_outputs(pipeline_file, {**params, "output": run_output(run_dir, options)})
         got[DEAD_LETTERS] = ("multiset", dead_letters(run_dir))
         return got
 
@@ -527,7 +562,18 @@ def chaos(
         f"{', '.join(f'{t:,}' for t in targets)}"
     )
     summary, done = run_chaos(
-        pipeline_file, dirs["chaos"], mode, workers, params, options, targets, rng, timeout, progress, failure=failure
+        pipeline_file,
+        dirs["chaos"],
+        mode,
+        workers,
+        params,
+        options,
+        targets,
+        rng,
+        timeout,
+        progress,
+        failure=failure,
+        cluster=cluster,
     )
     result.update(
         deterministic=True,
@@ -536,7 +582,8 @@ def chaos(
         kill_targets=targets,
         recovery_s=[k["recovery_s"] for k in done],
         killed=[
-            {x: k[x] for x in ("workers", "pids", "read", "apart_ms", "wiped_before_retry") if x in k} for k in done
+            {x: k[x] for x in ("workers", "pids", "hosts", "read", "apart_ms", "wiped_before_retry") if x in k}
+            for k in done
         ],
     )
     late = sorted(

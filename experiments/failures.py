@@ -38,22 +38,28 @@ MACHINES_LOST = {"process": 0, "machine": 1, "two": 2}
 """Machines (local disks) each class loses at once."""
 
 
-def refusal(mode: str, failure: str, tier: str | None, replicas: int | None, workers: int) -> str | None:
+def refusal(
+    mode: str, failure: str, tier: str | None, replicas: int | None, workers: int, cluster: bool = False
+) -> str | None:
     """Why a run of `mode` at checkpoint level `tier` (None: `nosync run`'s default, disk) with
     `replicas` copies (None: `nosync run`'s default, one with the replicated tier) on
     `workers` workers cannot face failure class
     `failure`, naming the class and the level it needs; None when it can. Mode none is not a
-    question here: chaos refuses it for every class (it does not recover)."""
+    question here: chaos refuses it for every class (it does not recover). On a `cluster`, a
+    lost process loses its disk too as far as its retry goes: Spark may run the retry on
+    another executor (its own local root), on another host."""
     if failure not in FAILURES:
         return f"--failure is one of {', '.join(FAILURES)}, not {failure!r}"
     if failure == "two" and workers < 2:
         return f"--failure two loses two workers' machines at once: it needs -w 2 or more, not -w {workers}"
-    lost = MACHINES_LOST[failure]
+    lost = max(MACHINES_LOST[failure], 1 if cluster else 0)
     if lost == 0 or mode == "replay":
         # a process's disk survives it; replay persists nothing and recomputes from the sources
         return None
     tier = tier or "disk"
     what = "worker i's local disk" if lost == 1 else "two workers' local disks at once"
+    if cluster and failure == "process":
+        what = "worker i's local disk to its retry, which Spark may run on another executor"
     head = f"--failure {failure} loses {what}: mode {mode} with --checkpoint-tier {tier}"
     if tier == "remote":
         return None

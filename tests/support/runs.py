@@ -23,10 +23,12 @@ def judge_chaos(
     params: dict,
     options: dict | None = None,
     failure: str = "process",
+    cluster: object = None,
 ) -> list[dict]:
     """Runs `nosync chaos` on a shipped workload (or a pipeline file, a path ending in .py)
     and asserts exactly-once with every kill recovered (and, for a lost machine, wiped before
-    its retry); returns the killed run's events."""
+    its retry); returns the killed run's events. `cluster`: on that cluster of hosts
+    (`experiments.cluster`), a lost machine one of its hosts."""
     r = chaos(
         workload if workload.endswith(".py") else os.path.join(WORKLOADS, f"{workload}.py"),
         mode,
@@ -37,6 +39,7 @@ def judge_chaos(
         out=str(tmp_path / "chaos"),
         options=options,
         failure=failure,
+        cluster=cluster,
     )
     assert r["deterministic"], r
     assert "run_failed" not in r, r["run_failed"]
