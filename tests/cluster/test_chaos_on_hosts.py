@@ -1,0 +1,34 @@
+"""The chaos judge on a cluster of hosts (`conftest.cluster`): `nosync chaos --cluster
+--failure machine`, a lost machine being every process of the victim's host killed (its Spark
+worker and executor too) and its private disk gone with them, under abs (its stores' remote
+tier on the S3 server) and nosync (the remote tier; copies in a peer's memory)."""
+
+from __future__ import annotations
+
+import pytest
+from support.runs import judge_chaos
+
+
+@pytest.mark.parametrize(
+    ("mode", "tier", "replicas", "seed"),
+    [("abs", "remote", None, 11), ("nosync", "remote", None, 12), ("nosync", "replicated", 1, 13)],
+)
+def test_a_lost_machine_is_recovered_exactly_once(cluster, tmp_path, mode, tier, replicas, seed):
+    """`nosync chaos --cluster --failure machine`: the victim's host loses every process (its
+    Spark worker and executor too) and its private disk; the retry restores from the shared
+    tier (S3) or from a copy in a peer's memory, and the output is exactly the reference's."""
+    options = {"checkpoint_tier": tier, "replicas": replicas}
+    events = judge_chaos(
+        tmp_path,
+        "keyed_count",
+        mode,
+        3,
+        1,
+        seed,
+        {"records": "2000000", "keys": "20000"},
+        options,
+        failure="machine",
+        cluster=cluster,
+    )
+    hosts = {e["worker"]: e["host"] for e in events if e["event"] == "registered"}
+    assert set(hosts.values()) <= {h.address for h in cluster.hosts}, hosts
