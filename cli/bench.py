@@ -194,6 +194,63 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
     )
 
 
+@bench.command("hosts")
+@click.option(
+    "--cluster",
+    "cluster_name",
+    default="nsc",
+    show_default=True,
+    metavar="NAME",
+    help="The cluster of hosts `nosync cluster up` made.",
+)
+@click.option("--modes", default="none,nosync", show_default=True, help="Comma-separated modes.")
+@click.option("--workers", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--records", type=click.IntRange(min=1), default=30_000_000, show_default=True)
+@click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept per place.")
+@click.option(
+    "--interval-ms",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="abs's checkpoint interval and nosync's persistence interval alike.",
+)
+@click.option(
+    "--checkpoint-tier",
+    type=click.Choice(["disk", "remote", "replicated"]),
+    default="remote",
+    show_default=True,
+    help="Where abs's and nosync's snapshots must be durable, in both places.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+def bench_hosts(cluster_name, modes, workers, records, keys, reps, interval_ms, checkpoint_tier, as_json) -> None:
+    """keyed_count on one host (embedded) and across a cluster's hosts, the same run in both:
+    records/s across hosts over one host (bar: 0.8)."""
+    from experiments.bench import hosts
+    from experiments.cluster import load
+
+    cluster = load(cluster_name)
+    if cluster is None:
+        raise click.UsageError(f"no cluster named {cluster_name} is up: start one with `nosync cluster up`")
+    picked = _modes(modes)
+    _report(
+        "hosts",
+        lambda progress: hosts.run(
+            cluster,
+            picked,
+            workers,
+            records,
+            keys,
+            reps=reps,
+            interval_ms=interval_ms,
+            tier=checkpoint_tier,
+            progress=progress,
+        ),
+        hosts.render,
+        as_json,
+    )
+
+
 @bench.command("recovery")
 @click.option("--modes", default="abs", show_default=True, help="Comma-separated modes that recover.")
 @click.option("--workers", type=click.IntRange(min=2), default=2, show_default=True)
