@@ -1,5 +1,5 @@
-"""A cluster of hosts on this machine for the tests (`experiments.cluster`), made once a
-session and taken down at its end, a failure or an interrupt included.
+"""A cluster of hosts on this machine for the tests (`experiments.cluster`), made once for
+this package's tests and taken down after its last one, a failure or an interrupt included.
 
 `cluster` is the shared one: 3 hosts of 2 cores, named `nst` in a subnet of its own so that it
 never meets a user's `nsc`. Its tests are skipped, with the reason, where hosts cannot be made:
@@ -42,9 +42,9 @@ def require_hosts() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator:
-    """The session's cluster `nst`: 3 hosts of 2 cores, up until the session ends."""
+    """The package's cluster `nst`: 3 hosts of 2 cores, up until its last test is done."""
     require_hosts()
     from experiments.cluster import down, up
 

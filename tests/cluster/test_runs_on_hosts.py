@@ -19,7 +19,7 @@ from support.workloads import keyed_count_expected
 
 from nosync import storage
 
-RECORDS, KEYS = 1_500_000, 20_000
+RECORDS, KEYS = 800_000, 20_000
 
 
 @pytest.fixture(scope="module")
