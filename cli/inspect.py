@@ -35,6 +35,11 @@ def inspect_cmd(run_dir, as_json) -> None:
     click.echo(
         f"mode       {info['mode']}, {info['workers']} workers, {'finished' if info['finished'] else 'not finished'}"
     )
+    where = info["places"]
+    hosts = ", ".join(f"w{w} {h}" for w, h in sorted((where.get("worker_hosts") or {}).items()))
+    click.echo(
+        f"places     shared tier {where['shared']}; local roots {where['local']}" + (f" ({hosts})" if hosts else "")
+    )
     if info["finished"]:
         click.echo(
             f"records    read {info['records_read']:,}, committed {info['records_committed']:,}, "

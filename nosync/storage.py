@@ -209,13 +209,7 @@ def delete(where: str) -> None:
             pass
         return
     fs, path = resolve(where)
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        if not _missing(e):
-            raise
+    _unless_missing(fs.delete_file, path)
 
 
 def delete_tree(where: str) -> None:
@@ -226,8 +220,13 @@ def delete_tree(where: str) -> None:
         shutil.rmtree(local_path(where), ignore_errors=True)
         return
     fs, path = resolve(where)
+    _unless_missing(fs.delete_dir, path)
+
+
+def _unless_missing(call: Any, path: str) -> None:
+    """`call(path)`, a missing `path` being no error."""
     try:
-        fs.delete_dir(path)
+        call(path)
     except FileNotFoundError:
         pass
     except OSError as e:

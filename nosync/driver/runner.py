@@ -109,6 +109,8 @@ def run(
             "checkpoint_tier": opts.checkpoint_tier,
             "remote": opts.remote,
             "local_dir": opts.local_dir,
+            "master": spark.sparkContext.master if spark is not None else opts.master,
+            "embedded": embedded,
             "places": places.to_wire(),
         },
     )

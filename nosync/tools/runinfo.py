@@ -135,6 +135,13 @@ def inspect_run(run_dir: str, open_stores: bool = True) -> dict:
         "finished": summary is not None,
         "events": dict(counts),
     }
+    places = run_places(run_dir, run)
+    info["places"] = {
+        "master": run.get("master") or (summary or {}).get("master"),
+        "shared": storage.redact(places.shared),
+        "local": places.local if local_base(run_dir, run) is not None else "on the workers' hosts",
+        "worker_hosts": (summary or {}).get("worker_hosts"),
+    }
     if summary is not None:
         info["records_read"] = summary.get("records_read")
         info["records_committed"] = summary.get("records_committed")

@@ -26,9 +26,12 @@ RECORDS, KEYS = 800_000, 20_000
 def spark(cluster):
     """A Spark application on the cluster, its driver here: up to 6 task slots (mode replay's
     2W at W = 3), spread over the hosts by the master."""
-    from nosync.spark.session import get_spark
+    from nosync.spark.session import check_slots, get_spark
 
     session = get_spark(cluster.master, 3, slots=6)
+    # every executor registered (the runs' check of 3 slots would pass with two hosts' two
+    # cores each, and place two workers on one host)
+    check_slots(session, 6)
     yield session
     session.stop()
 

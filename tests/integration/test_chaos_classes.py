@@ -60,6 +60,7 @@ def lost_machine(tmp_path, seed: int, options: dict) -> tuple[dict, dict]:
         return r, json.load(f)
 
 
+@pytest.mark.soak  # the suite loses a host of a cluster at this level (tests/cluster/test_chaos_on_hosts.py)
 def test_a_lost_machine_under_nosync_with_the_replicated_level_is_exactly_once(tmp_path):
     r, summary = lost_machine(tmp_path, 1, {"checkpoint_tier": "replicated"})
     assert r["recoveries"] == 1, r
