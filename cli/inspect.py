@@ -18,6 +18,7 @@ def _mb(n: int) -> str:
 def inspect_cmd(run_dir, as_json) -> None:
     """Show RUN_DIR: pipeline and mode, epochs and safe points, checkpoints (abs), durable
     points and storage per tier (nosync), recoveries and what each cost."""
+    from nosync import storage
     from nosync.errors import NosyncError
     from nosync.tools.runinfo import inspect_run
 
@@ -29,7 +30,7 @@ def inspect_cmd(run_dir, as_json) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
-    params = " ".join(f"-p {k}={v}" for k, v in info["params"].items())
+    params = storage.redact(" ".join(f"-p {k}={v}" for k, v in info["params"].items()))
     click.echo(f"run        {info['run_dir']}")
     click.echo(f"pipeline   {info['pipeline']} ({info['pipeline_file']}) {params}".rstrip())
     click.echo(
