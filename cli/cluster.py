@@ -75,13 +75,17 @@ def up_cmd(hosts: int, cores: int, memory: str, disk: str, name: str, subnet: st
 
 
 def _echo_usage(c: Cluster) -> None:
-    """The options of a run on `c`, and an example."""
+    """The options of a run on `c`, and an example (its output on the shared tier too: every
+    host must reach where a sink writes)."""
+    from nosync import storage
+
     remote = shlex.quote(c.remote)
+    output = shlex.quote(storage.join(c.remote, "output", "tour"))
     click.echo(f"--master {c.master}")
     click.echo(f"--remote {remote}")
     click.echo(
         f"e.g. nosync run experiments/workloads/keyed_count.py --mode nosync --workers {len(c.hosts)} "
-        f"--master {c.master} --remote {remote}"
+        f"--checkpoint-tier remote --master {c.master} --remote {remote} -p output={output}"
     )
     click.echo(f"or    nosync chaos ... --cluster {c.name}")
 

@@ -47,3 +47,29 @@ def test_a_lost_machine_is_recovered_exactly_once(cluster, tmp_path, mode, tier,
         assert rec["restored_step"] > 0, "the retry found nothing to restore"
     else:
         assert rec["checkpoint"] > 0, rec
+
+
+SOAK_LEVELS = [("abs", "remote", None), ("nosync", "remote", None), ("nosync", "replicated", 1)]
+SOAK_PARAMS = {"keyed_count": {"records": "3000000", "keys": "20000"}, "nexmark": {"bids": "1500000"}}
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("workload", sorted(SOAK_PARAMS))
+@pytest.mark.parametrize(("mode", "tier", "replicas"), SOAK_LEVELS)
+def test_lost_machines_soak(cluster, tmp_path, mode, tier, replicas, workload, seed, workers):
+    """`nosync chaos --cluster --failure machine` on keyed_count and nexmark, W = 2 and 3, two
+    seeds, a lost host a run: exactly-once, every kill made (24 cases, `make soak`)."""
+    judge_chaos(
+        tmp_path,
+        workload,
+        mode,
+        workers,
+        1,
+        seed,
+        SOAK_PARAMS[workload],
+        {"checkpoint_tier": tier, "replicas": replicas},
+        failure="machine",
+        cluster=cluster,
+    )
