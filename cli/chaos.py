@@ -1,5 +1,5 @@
 """`nosync chaos`: runs a pipeline with and without seeded failures (a worker's process, its
-machine, two machines) and judges exactly-once."""
+machine, two machines, a hung or paused process) and judges exactly-once."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ from nosync.modes import MODES
     default="process",
     show_default=True,
     help="What each kill loses: a worker's process; its machine (the process, then its local disk: "
-    "state/w<i> and the part files it was writing); two workers' machines at once (needs -w 2 or more).",
+    "state/w<i> and the part files it was writing); two workers' machines at once (needs -w 2 or more); hang: its "
+    "process stopped (SIGSTOP) for good; pause: stopped for a time drawn around the failure timeout, then resumed.",
 )
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
@@ -67,6 +68,18 @@ from nosync.modes import MODES
     default=None,
     help="Passed to `nosync run` (mode nosync: recoveries hand long spans to a Spark batch job).",
 )
+@click.option(
+    "--standbys",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Passed to `nosync run`: spare tasks that replace a lost or suspected worker at once.",
+)
+@click.option(
+    "--failure-timeout-ms",
+    type=int,
+    default=None,
+    help="Passed to `nosync run` (default: its own): how long a silent worker goes before it is suspected.",
+)
 @master_option("embedded")
 @click.option(
     "--cluster",
@@ -96,6 +109,8 @@ def chaos_cmd(
     persist_ms,
     persist_budget,
     replay_threshold_records,
+    standbys,
+    failure_timeout_ms,
     master,
     cluster_name,
     timeout,
@@ -137,6 +152,8 @@ def chaos_cmd(
         "persist_ms": persist_ms,
         "persist_budget": persist_budget,
         "replay_threshold_records": replay_threshold_records,
+        "failure_timeout_ms": failure_timeout_ms,
+        "standbys": standbys,
         "master": master,
     }
 
@@ -215,10 +232,15 @@ def chaos_cmd(
                 ("failure", r["failure"]),
                 ("kills", f"{r['kills']} of {r['kills_requested']}"),
                 ("recoveries", r["recoveries"]),
+                ("detection_s", ", ".join("-" if x is None else f"{x:.2f}" for x in r["detection_s"])),
                 ("recovery_s", ", ".join("-" if x is None else f"{x:.2f}" for x in r["recovery_s"])),
                 ("records_reprocessed", ", ".join(str(x) for x in r["records_reprocessed"])),
             ]
-            if r["failure"] != "process":
+            if r["failure"] == "pause":
+                rows.append(("paused_s", ", ".join(f"{k['pause_s']:.2f}" for k in r["killed"])))
+                rows.append(("suspected", ", ".join(str(k.get("suspected")).lower() for k in r["killed"])))
+                rows.append(("suspected_below_timeout", r["suspected_below_timeout"]))
+            elif r["failure"] in ("machine", "two"):
                 # per kill, per lost machine: whether its disk was gone before its retry registered
                 wiped = [k.get("wiped_before_retry", []) for k in r["killed"]]
                 rows.append(("wiped_before_retry", ", ".join("/".join(str(x).lower() for x in k) for k in wiped)))

@@ -20,6 +20,7 @@ NAMES = (
     "budget",
     "cycles",
     "failure-classes",
+    "detection",
 )
 
 

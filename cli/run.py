@@ -33,6 +33,8 @@ def run_options(fn: Callable) -> Callable:
             kind = click.IntRange(min=f.metadata["min"])
         elif f.type in ("float",):
             kind = float
+        elif f.type in ("int",):
+            kind = int
         else:
             kind = str
         fn = click.option(

@@ -11,7 +11,7 @@ without their repetitions.
 
 from __future__ import annotations
 
-from experiments import budget, cycles, failure_classes, overhead, recovery, scaling, snapshot, stall
+from experiments import budget, cycles, detection, failure_classes, overhead, recovery, scaling, snapshot, stall
 from experiments.harness import Experiment
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -26,5 +26,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         budget.EXPERIMENT,
         cycles.EXPERIMENT,
         failure_classes.EXPERIMENT,
+        detection.EXPERIMENT,
     )
 }

@@ -60,21 +60,38 @@ import sys
 import time
 from typing import Any
 
-from experiments.failures import MACHINES_LOST, lose_machines, refusal, wiped_before_retry
+from experiments.failures import MACHINES_LOST, PAUSE_SHARE, SILENT, lose_machines, refusal, wiped_before_retry
 from nosync import storage
 from nosync.errors import NosyncError, RunFailed
+from nosync.options import FAILURE_TIMEOUT_MS
 from nosync.places import shared_of
 from nosync.runtime.dead_letters import dead_letter_record
 
 PAUSE_S = (0.3, 1.5)
 """How long a pause of the second failure-free run stops a worker, drawn uniformly: about as
-long as a recovery stalls one (the coordinator takes a worker silent for 30 s as lost)."""
+long as a recovery stalls one, and never beyond `PAUSE_TIMEOUT_SHARE` of the failure timeout
+(a pause the coordinator would take for a failure)."""
+PAUSE_TIMEOUT_SHARE = 0.6
 DEFAULT_BATCH_SIZE = 1024
 """`nosync run`'s default --batch-size."""
 PROGRESS_EVENTS = ("checkpoint_completed", "safe_point", "committed")
 """Events after which a kill can find something to recover from."""
 DEAD_LETTERS = "(dead letters)"
 """The name the records a run's sources could not parse are compared under, as a sink's."""
+KILL_FIELDS = (
+    "workers",
+    "pids",
+    "hosts",
+    "read",
+    "apart_ms",
+    "wiped_before_retry",
+    "detection_s",
+    "back_to_90_s",
+    "suspected",
+    "pause_s",
+    "resumed",
+)
+"""What the result says of each failure made."""
 KILL_SPAN = (0.1, 0.8)
 """The share of a run's records read that its kills fall in (`kill_targets`): none in its
 first tenth, where there may be nothing to recover from yet, nor in its last fifth, where a
@@ -230,6 +247,24 @@ class Progress(Events):
         return self.armed and (mode != "nosync" or self.snapshotted.issuperset(victims))
 
 
+def _suspected(seen: list[dict], since: int, victims: list[int], until: float | None = None) -> bool:
+    """Whether the coordinator suspected one of `victims` (events from `since` on, up to time
+    `until`)."""
+    return any(
+        e["event"] == "suspected" and e.get("worker") in victims and (until is None or e["t"] <= until)
+        for e in seen[since:]
+    )
+
+
+def _resume(pid: int) -> bool:
+    """Resumes a stopped process (SIGCONT); False when it is gone (killed meanwhile)."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _recovered(seen: list[dict], since: int, victims: list[int]) -> bool:
     """Whether the run is running again after losing `victims` (events from `since` on):
     every worker after a regroup, or each victim alone (a worker that recovered by itself)."""
@@ -322,7 +357,11 @@ def run_chaos(
     seconds until the run was running again (`recovery_s`); for a class that loses machines,
     the time the victims' disks were wiped and whether that came before each retry
     registered (`wiped_before_retry`, per victim).
-    `pause`: stop one victim for a while (`PAUSE_S`) instead of killing it.
+    `pause`: stop one victim for a while (`PAUSE_S`) instead of killing it (the second
+    failure-free run). Failure classes `hang` and `pause` stop the victim too, never to resume
+    it or for a time drawn around the failure timeout (`PAUSE_SHARE`); each such failure
+    reports whether the coordinator suspected it (`suspected`), and a pause whether the process
+    was still there to resume (`resumed`).
     `failure`: the class of each kill (`experiments.failures`): its victims' processes killed
     (two distinct workers for `two`, the second right after the first), then, for `machine`
     and `two`, their local disks wiped. On a `cluster` (`experiments.cluster`), a lost machine
@@ -340,6 +379,9 @@ def run_chaos(
     done: list[dict] = []
     deadline = time.monotonic() + timeout
     lost = 1 if pause else max(1, MACHINES_LOST[failure])
+    timeout_s = (options.get("failure_timeout_ms") or FAILURE_TIMEOUT_MS) / 1000
+    silent = failure in SILENT and not pause
+    stopped: list[int] = []
 
     def ended() -> bool:
         return proc.poll() is not None or time.monotonic() > deadline or events.over
@@ -347,7 +389,11 @@ def run_chaos(
     try:
         for target in targets:
             victims = rng.sample(range(workers), lost)
-            stop_s = rng.uniform(*PAUSE_S) if pause else 0.0
+            stop_s = 0.0
+            if pause:
+                stop_s = rng.uniform(PAUSE_S[0], min(PAUSE_S[1], PAUSE_TIMEOUT_SHARE * timeout_s))
+            elif failure == "pause":
+                stop_s = rng.uniform(*PAUSE_SHARE) * timeout_s
             kill: dict | None = None
             while kill is None and not ended():
                 events.poll()
@@ -372,10 +418,12 @@ def run_chaos(
                 else:
                     for pid in pids:
                         try:
-                            os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
+                            os.kill(pid, signal.SIGSTOP if pause or silent else signal.SIGKILL)
                         except ProcessLookupError:
                             continue  # gone already: lost all the same
                         times.append(time.time())
+                        if silent:
+                            stopped.append(pid)
                 if not times:
                     # every victim's process was gone already: the kill waits for their next ones
                     time.sleep(0.01)
@@ -394,22 +442,27 @@ def run_chaos(
                 break
             done.append(kill)
             who = " and ".join(f"worker {v} (pid {p})" for v, p in zip(victims, kill["pids"], strict=True))
-            if pause:
+            if pause or failure == "pause":
                 try:
                     time.sleep(stop_s)
                 finally:
-                    try:
-                        os.kill(kill["pids"][0], signal.SIGCONT)
-                    except ProcessLookupError:
-                        pass
+                    kill["resumed"] = _resume(kill["pids"][0])
                 kill["pause_s"] = stop_s
                 progress(f"paused {who} for {stop_s:.2f} s at {kill['read']:,} records read")
-                continue
-            how = "killed" if "wiped" not in kill else "lost the machine of"
-            wiped = (
-                f", disk wiped {(kill['wiped'] - kill['t']) * 1000:.0f} ms after the kill" if "wiped" in kill else ""
-            )
-            progress(f"{how} {who} at {kill['read']:,} records read (target {target:,}){wiped}")
+                if pause:
+                    continue
+                time.sleep(0.3)  # a suspicion at the end of the pause reaches events.jsonl
+                events.poll()
+                if not _suspected(events.seen, kill["seen"], victims, kill["t"] + stop_s + 0.25):
+                    continue  # below the failure timeout: nothing to recover, nothing to wait for
+            elif failure == "hang":
+                progress(f"stopped {who} for good at {kill['read']:,} records read (target {target:,})")
+            if not silent:
+                how = "killed" if "wiped" not in kill else "lost the machine of"
+                wiped = ""
+                if "wiped" in kill:
+                    wiped = f", disk wiped {(kill['wiped'] - kill['t']) * 1000:.0f} ms after the kill"
+                progress(f"{how} {who} at {kill['read']:,} records read (target {target:,}){wiped}")
             # the next kill waits for the run to be running again after this one
             while not ended() and not _recovered(events.seen, kill["seen"], kill["workers"]):
                 events.poll()
@@ -422,11 +475,35 @@ def run_chaos(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in stopped:
+            # a hung process Spark did not kill (the run ended first, or failed): not left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     events.poll()
     if not pause:
-        for k in done:
+        for i, k in enumerate(done):
             back = [e["t"] for e in events.seen if e["event"] in ("running", "recovered") and e["t"] > k["t"]]
             k["recovery_s"] = (back[0] - k["t"]) if back else None
+            # what this failure caused: up to the next one, and for a pause only while the
+            # process was stopped (a beat in flight at the resume allowed for)
+            until = done[i + 1]["t"] if i + 1 < len(done) else None
+            if "pause_s" in k:
+                until = k["t"] + k["pause_s"] + 0.25
+            found = [
+                e["t"]
+                for e in events.seen[k["seen"] :]
+                if e["event"] in ("suspected", "worker_lost")
+                and e.get("worker") in k["workers"]
+                and (until is None or e["t"] <= until)
+            ]
+            k["detection_s"] = (found[0] - k["t"]) if found else None
+            if silent:
+                k["suspected"] = _suspected(events.seen, k["seen"], k["workers"], until)
+            lost_at = [r for r in summary.get("recoveries") or [] if r.get("lost_at", 0) >= k["t"]]
+            if lost_at and lost_at[0].get("back_to_90_s") is not None:
+                k["back_to_90_s"] = lost_at[0]["lost_at"] + lost_at[0]["back_to_90_s"] - k["t"]
             if "wiped" in k:
                 k["wiped_before_retry"] = [
                     wiped_before_retry(events.seen, k["seen"], v, p, k["wiped"])
@@ -581,11 +658,13 @@ def chaos(
         records_read=total,
         kill_targets=targets,
         recovery_s=[k["recovery_s"] for k in done],
-        killed=[
-            {x: k[x] for x in ("workers", "pids", "hosts", "read", "apart_ms", "wiped_before_retry") if x in k}
-            for k in done
-        ],
+        killed=[{x: k[x] for x in KILL_FIELDS if x in k} for k in done],
+        detection_s=[k.get("detection_s") for k in done],
     )
+    if failure == "pause":
+        # a pause shorter than the timeout (less a heartbeat's lateness) must not be suspected
+        margin = (options.get("failure_timeout_ms") or FAILURE_TIMEOUT_MS) / 1000 - 0.2
+        result["suspected_below_timeout"] = sum(1 for k in done if k.get("suspected") and k["pause_s"] < margin)
     late = sorted(
         {v for k in done for v, ok in zip(k["workers"], k.get("wiped_before_retry", []), strict=False) if ok is False}
     )
@@ -619,7 +698,10 @@ def chaos(
         result["kills_short"] = True
         if result["exactly_once"] or not result["recoveries"]:
             result.update(judged=False, exactly_once=None)
-    elif not result["recoveries"]:
+    elif result.get("suspected_below_timeout"):
+        # a worker replaced for a pause it was allowed: a false suspicion
+        result["exactly_once"] = False
+    elif not result["recoveries"] and failure != "pause":
         # every kill hit a worker whose work was done: nothing recovered, and equal outputs say
         # nothing about a recovery
         result.update(judged=False, exactly_once=None, no_recovery=True)

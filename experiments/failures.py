@@ -12,6 +12,13 @@
   restore from what survives elsewhere.
 - `two`: two distinct workers' machines lost within one interval: the second process is
   killed right after the first (well under 100 ms apart), then both local disks go.
+- `hang`: a worker's process is stopped (SIGSTOP) and never resumed: it holds its connections
+  open and says nothing. Only the coordinator's failure timeout finds it; it is then killed
+  through Spark. Its disk stays, as for `process`.
+- `pause`: a worker's process is stopped for a time drawn on both sides of the failure timeout
+  (`PAUSE_SHARE` of it), then resumed (SIGCONT). Below the timeout nothing may be recovered;
+  above it, the worker is replaced, and the process that wakes is a zombie that must change
+  nothing.
 
 A mode and checkpoint level that cannot survive a class is refused before any run
 (`refusal`): mode replay persists nothing and recomputes from the sources, so it survives
@@ -32,10 +39,16 @@ import time
 
 from nosync.options import replica_count
 
-FAILURES = ("process", "machine", "two")
-"""The failure classes, from the least lost to the most."""
-MACHINES_LOST = {"process": 0, "machine": 1, "two": 2}
+FAILURES = ("process", "machine", "two", "hang", "pause")
+"""The failure classes: the three that announce themselves, from the least lost to the most,
+then the two silent ones."""
+MACHINES_LOST = {"process": 0, "machine": 1, "two": 2, "hang": 0, "pause": 0}
 """Machines (local disks) each class loses at once."""
+SILENT = ("hang", "pause")
+"""The classes that stop a process instead of killing it: only the failure timeout finds them."""
+PAUSE_SHARE = (0.3, 2.5)
+"""A `pause` lasts this share of the failure timeout, drawn uniformly: below it, nothing must be
+recovered; above it, the worker is replaced and wakes a zombie."""
 
 
 def refusal(

@@ -185,7 +185,9 @@ def recovery(
     failure: str = "process",
 ) -> dict:
     """A run in which worker W-1 is killed (with `failure` "machine", its local root is lost
-    too: `experiments.failures`) once `kill_after` of the records are read (half, by
+    too: `experiments.failures`; with "hang", it is stopped with SIGSTOP and never resumed, and
+    the result's `failure_to_90_s` counts from the stop, detection included) once `kill_after`
+    of the records are read (half, by
     default), once it has state to restore (`Progress.restorable`: a completed checkpoint, a
     durable snapshot of its own under nosync; not waited for without `after_event`). `options`
     go to the run. With `phase` in [0, 1), the kill waits for the next event that gave it such
@@ -204,10 +206,11 @@ def recovery(
         if pid is None or killed:
             return
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGSTOP if failure == "hang" else signal.SIGKILL)
         except ProcessLookupError:
             return  # the run had ended: it reports no recovery
         now = time.time()
+        killed["pid"] = pid
         if failure == "machine":
             lose_machines(d, [victim])
         killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))
@@ -254,7 +257,11 @@ def recovery(
         if not recs:
             raise AssertionError(f"mode {mode}: the run ended before the kill")
         r = recs[0]
+        back = r.get("back_to_90_s")
         return {
+            # from the failure itself: for a hang, the silence before the loss counts too
+            "failure_to_90_s": None if back is None else r["lost_at"] - killed["at"] + back,
+            "suspected_after_s": r["lost_at"] - killed["at"],
             "recovery_s": r.get("back_to_90_s"),
             "caught_up_s": r.get("caught_up_s"),
             "restore_s": r.get("restore_s"),
@@ -286,5 +293,10 @@ def recovery(
             "stall_ms_max": 0.0 if mode == "replay" else s.get("stall_ms_max"),
         }
     finally:
+        if failure == "hang" and "pid" in killed:
+            try:
+                os.kill(killed["pid"], signal.SIGKILL)  # one Spark did not kill: not left behind
+            except ProcessLookupError:
+                pass
         if not keep:
             shutil.rmtree(d, ignore_errors=True)

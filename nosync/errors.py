@@ -47,6 +47,11 @@ class RunFailed(NosyncError):
         self.run_dir = run_dir
 
 
+class Replaced(NosyncError):
+    """This worker's attempt was suspected and replaced while it hung or paused: a zombie,
+    which stops without touching anything of the run's."""
+
+
 class BadRecord(NosyncError):
     """An input record that cannot be parsed; goes to the dead-letter file or fails the run."""
 

@@ -14,6 +14,12 @@ from typing import Any
 
 from nosync.errors import NosyncError
 
+HEARTBEAT_MS = 50
+"""How often a worker beats (from a thread of its own, whatever its loop is doing)."""
+FAILURE_TIMEOUT_MS = 1500
+"""The default --failure-timeout-ms (`nosync experiment detection` measures the choice: see
+docs/performance.md)."""
+
 TIERS = ("disk", "remote", "replicated")
 """Where a snapshot must be durable before it counts: the worker's local disk, the remote
 tier, or the memory of --replicas peers (mode nosync)."""
@@ -81,6 +87,17 @@ class RunOptions:
     max_concurrent_checkpoints: int = _opt(1, "abs: checkpoints in flight at once.", min=1)
     checkpoint_timeout_ms: int = _opt(60_000, "abs: a checkpoint not complete by then is aborted.", min=1)
     max_restarts: int | None = _opt(None, "Recoveries a run survives before it fails (default: unlimited).", min=0)
+    standbys: int = _opt(
+        0,
+        "Spare tasks started with the run: each registers, holds no partition and waits; a worker lost or "
+        "suspected is replaced by one (on another host where one is) at once, without waiting for Spark's retry.",
+        min=0,
+    )
+    failure_timeout_ms: int = _opt(
+        FAILURE_TIMEOUT_MS,
+        "A worker silent this long is suspected: taken for lost, and its task killed through Spark (at least 3 "
+        f"heartbeats of {HEARTBEAT_MS} ms).",
+    )
     persist_ms: int = _opt(
         200,
         "nosync: how often each worker snapshots its state at most (alone, no barrier); the budget stretches it.",
@@ -132,6 +149,16 @@ class RunOptions:
             choices = f.metadata.get("choices")
             if choices is not None and value not in choices:
                 raise NosyncError(f"{flag(f.name)} is one of {', '.join(choices)}, not {value!r}")
+        if self.failure_timeout_ms < 3 * HEARTBEAT_MS:
+            raise NosyncError(
+                f"--failure-timeout-ms must be at least {3 * HEARTBEAT_MS} (3 heartbeats of {HEARTBEAT_MS} ms: one "
+                f"late beat must not make a suspicion), got {self.failure_timeout_ms}"
+            )
+        if self.standbys and self.mode == "none":
+            raise NosyncError(
+                f"--standbys {self.standbys}: mode none does not recover (a lost worker fails the run); standbys "
+                "replace lost workers in modes abs, nosync and replay"
+            )
         if self.epoch_records is not None and self.epoch_ms is not None:
             raise NosyncError("give --epoch-records or --epoch-ms, not both")
         if self.resume and not self.run_dir:

@@ -4,8 +4,11 @@ It listens on one TCP port; every worker connects to it first (authenticated lik
 channel) and registers with its data address. Membership comes in generations: once all W
 workers have registered for the current generation, each gets every peer's address (and what
 the mode adds: which checkpoint to restore), connects to them, and reports ready. The
-coordinator then watches: a worker whose control connection drops or whose heartbeats stop for
-HEARTBEAT_TIMEOUT_S is lost, and the mode decides what that means (mode none: the run fails;
+coordinator then watches: a worker whose control connection drops is lost; one silent for the
+failure timeout (`--failure-timeout-ms`; workers beat from a thread of their own, so a busy
+worker is never silent) is suspected: cut off, taken for lost, and its Spark task attempt
+killed (`kill_task`), so that Spark starts the next attempt without waiting to find the
+executor gone. The mode decides what a loss means (mode none: the run fails;
 abs: `regroup`, a new generation that every worker joins after dropping its data connections,
 with Spark's retry of the lost task among them). When every worker reports done in the current
 generation, it tells them all to finish. Connections that fail the handshake are closed and
@@ -21,7 +24,6 @@ import json
 import logging
 import os
 import selectors
-import socket
 import threading
 import time
 from typing import Any
@@ -32,11 +34,6 @@ from nosync.runtime.dead_letters import DeadLetterFile, dead_letter_path
 
 log = logging.getLogger("nosync.driver.coordinator")
 
-HEARTBEAT_TIMEOUT_S = 30.0
-"""A worker silent this long is lost. A killed worker's connection drops at once; this bound is
-for one that hangs, so it must exceed the longest step a busy worker takes between two
-heartbeats (replaying what an alignment held, a large snapshot): at 5 s, busy workers of
-nexmark were taken for dead in chaos runs and recovered for nothing."""
 TICK_S = 0.05
 """The longest the coordinator's loop waits for a message before it ticks the mode (a mode
 whose tick is due sooner says so: `Mode.due_in`)."""
@@ -61,6 +58,9 @@ class Coordinator:
         host: str = "127.0.0.1",
         run_dir: str | None = None,
         max_restarts: int | None = None,
+        failure_timeout_s: float = 1.5,
+        kill_task: Any = None,
+        standbys: int = 0,
     ) -> None:
         self.workers = workers
         self.secret = secret
@@ -68,13 +68,39 @@ class Coordinator:
         self.run_id = run_id
         self.run_dir = run_dir
         self.max_restarts = max_restarts
+        self.failure_timeout_s = failure_timeout_s
+        self.kill_task = kill_task
+        """Called with (task attempt id, pid, reason) for a worker suspected: has it killed."""
+        self.standby_tasks = standbys
+        """Spare tasks the run started (`--standbys`): task indexes W to W + S - 1."""
+        self.standbys: dict[int, dict] = {}
+        """Per standby waiting (an id of its own): its connection, host, task, pid, last beat."""
+        self._next_standby = workers
+        self.promoted: dict[int, channels.Connection] = {}
+        """Per worker, the connection of the standby last promoted to it."""
+        self._promised: dict[channels.Connection, tuple[int, int]] = {}
+        """Connections told to register as (worker, attempt), not registered yet."""
+        self._known: set[channels.Connection] = set()
+        """Connections registered as a worker."""
+        self.max_attempt: dict[int, int] = {}
+        """Per worker, the highest attempt number it registered with or was given."""
+        self.awaiting: set[int] = set()
+        """Workers lost and not registered again yet."""
+        self.promotions: list[dict] = []
         self.listener = channels.listen(host, 0)
         self.address = (host, self.listener.getsockname()[1])
+        self.acceptor = channels.Acceptor(self.listener, secret, "nosync-coordinator")
         self.conns: dict[int, channels.Connection] = {}
         self.addresses: dict[int, list] = {}
         """Per worker, the data address its newest attempt registered with (host, port)."""
         self.attempts: dict[int, int] = {}
         self.pids: dict[int, int] = {}
+        self.tasks: dict[int, int] = {}
+        """Per worker, Spark's id of its newest task attempt."""
+        self.longest_silence_s = 0.0
+        """The longest a live worker went between two messages that count as beats."""
+        self.suspicions: list[dict] = []
+        """Per suspicion: the worker, its attempt, how long it had been silent."""
         self.last_beat: dict[int, float] = {}
         self.counters: dict[int, dict] = {}
         self.done: dict[int, dict] = {}
@@ -88,7 +114,7 @@ class Coordinator:
         self.silent_s: float | None = None
         """How long the worker lost last had been silent (since its last heartbeat)."""
         self.events: list[dict] = []
-        self.refused = 0
+        self._refused_idents = 0
         self.failure: str | None = None
         self.finished = False
         self.started_at = time.time()
@@ -108,7 +134,7 @@ class Coordinator:
         self._last_progress_event = 0.0
         self._read_reported = -1
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self.listener, selectors.EVENT_READ, None)
+        self._sel.register(self.acceptor.wakeup, selectors.EVENT_READ, None)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="nosync-coordinator", daemon=True)
         self._thread.start()
@@ -124,7 +150,7 @@ class Coordinator:
                 log.info("run failed: %s", reason)
                 self.event("failed", reason=reason)
             self._changed.notify_all()
-        for c in list(self.conns.values()):
+        for c in [*self.conns.values(), *(info["conn"] for info in self.standbys.values())]:
             try:
                 c.send(frames.encode(frames.CONTROL, {}, control.to_wire(control.Abort(reason))))
                 c.flush()
@@ -200,11 +226,28 @@ class Coordinator:
         }
 
     def workers_info(self) -> dict:
-        """Per registered worker: its attempt, process id and host."""
+        """Per registered worker: its attempt, process id, host and data address."""
         return {
-            w: {"attempt": self.attempts.get(w, 0), "pid": pid, "host": self.addresses.get(w, [None])[0]}
+            w: {
+                "attempt": self.attempts.get(w, 0),
+                "pid": pid,
+                "host": self.addresses.get(w, [None])[0],
+                "address": self.addresses.get(w),
+            }
             for w, pid in sorted(self.pids.items())
         }
+
+    def silent_workers(self) -> list[int]:
+        """The workers still connected but silent past the failure timeout (after the run
+        finished, nothing suspects them: their work is done)."""
+        now = time.monotonic()
+        return sorted(w for w, t in list(self.last_beat.items()) if now - t > self.failure_timeout_s)
+
+    @property
+    def refused(self) -> int:
+        """Connections refused: failing the handshake, over the cap of pending ones, or naming
+        another run."""
+        return self._refused_idents + self.acceptor.refused
 
     @property
     def dead_letters_written(self) -> int:
@@ -219,9 +262,9 @@ class Coordinator:
         try:
             self.mode.close(self)
         finally:
-            for c in list(self.conns.values()):
+            for c in [*self.conns.values(), *(info["conn"] for info in self.standbys.values())]:
                 c.close()
-            self.listener.close()
+            self.acceptor.close()
             self._sel.close()
             for f in self._dead_letters.values():
                 f.close()
@@ -231,24 +274,20 @@ class Coordinator:
     # -- the loop ------------------------------------------------------------------
 
     def _accept(self) -> None:
-        try:
-            sock, addr = self.listener.accept()
-        except OSError:
-            return
-        threading.Thread(target=self._handshake, args=(sock, addr), daemon=True).start()
-
-    def _handshake(self, sock: socket.socket, addr: Any) -> None:
-        try:
-            ident = channels.accept_handshake(sock, self.secret)
-            if ident.get("role") != "worker" or ident.get("run") != self.run_id:
-                raise AuthError(f"unexpected identity {ident}")
-        except AuthError as e:
-            self.refused += 1
-            channels.refuse(sock, addr, e)
-            return
-        conn = channels.Connection(sock, f"worker {ident['worker']}")
-        with self._lock:
-            self._sel.register(sock, selectors.EVENT_READ, ("worker", int(ident["worker"]), conn))
+        """Takes the workers' connections whose handshake the acceptor's threads passed."""
+        for sock, addr, ident in self.acceptor.take():
+            w = ident.get("worker")
+            if (
+                ident.get("role") != "worker"
+                or ident.get("run") != self.run_id
+                or not isinstance(w, int)
+                or not 0 <= w < self.workers + self.standby_tasks
+            ):
+                self._refused_idents += 1
+                channels.refuse(sock, addr, AuthError(f"unexpected identity {ident}"))
+                continue
+            conn = channels.Connection(sock, f"worker {w}")
+            self._sel.register(sock, selectors.EVENT_READ, ("worker", w, conn))
 
     def _loop(self) -> None:
         while not self._stop:
@@ -261,13 +300,17 @@ class Coordinator:
                 if key.data is None:
                     self._accept()
                     continue
-                _, w, conn = key.data
+                kind, w, conn = key.data
                 try:
                     got = conn.receive()
                 except (FrameError, ConnectionError) as e:
                     self._sel.unregister(conn.sock)
                     conn.close()
-                    self._lost(w, conn, str(e))
+                    if kind == "standby":
+                        self._standby_lost(w, str(e))
+                    else:
+                        self._lost(w, conn, str(e))
+                        self._promise_broken(w, conn)
                     continue
                 for f in got:
                     try:
@@ -275,21 +318,27 @@ class Coordinator:
                     except FrameError as e:
                         self.fail(f"worker {w} sent a malformed control message: {e}")
                         continue
+                    if kind == "standby":
+                        self._handle_standby(w, msg)
+                        continue
                     try:
                         self._handle(w, conn, msg)
                     except Exception as e:  # noqa: BLE001 - a bug in a mode must fail the run, not hang it
                         log.exception("coordinator: handling %s from worker %s", type(msg).__name__, w)
                         self.fail(f"coordinator error on a message of worker {w}: {type(e).__name__}: {e}")
             now = time.monotonic()
+            for sid, info in list(self.standbys.items()):
+                if now - info["beat"] > self.failure_timeout_s and not self.finished:
+                    self._sel.unregister(info["conn"].sock)
+                    info["conn"].close()
+                    self._standby_lost(sid, f"no heartbeat for {now - info['beat']:.1f} s")
+                    if self.kill_task is not None and info["task"] >= 0:
+                        self.kill_task(info["task"], info["pid"], f"nosync: standby {sid} suspected")
             for w, t in list(self.last_beat.items()):
-                if w not in self.done and now - t > HEARTBEAT_TIMEOUT_S and not self.finished:
+                if w not in self.done and now - t > self.failure_timeout_s and not self.finished:
                     conn = self.conns.get(w)
                     if conn is not None:
-                        # a worker that stopped answering is cut off: it fails its task, and
-                        # Spark's retry joins the next generation
-                        self._sel.unregister(conn.sock)
-                        conn.close()
-                        self._lost(w, conn, f"no heartbeat for {HEARTBEAT_TIMEOUT_S}s")
+                        self._suspect(w, conn, now - t)
                     else:
                         self.last_beat.pop(w)
             if now - self._last_progress >= PROGRESS_S:
@@ -321,7 +370,98 @@ class Coordinator:
                     except OSError:
                         pass
 
-    def _lost(self, w: int, conn: channels.Connection, reason: str) -> None:
+    def _suspect(self, w: int, conn: channels.Connection, silent_s: float) -> None:
+        """Worker `w` has been silent for `silent_s`: it hangs, its host is cut off, or it is
+        paused. It is cut off and taken for lost (the mode recovers it), and Spark is told to
+        kill its task attempt, so that the attempt's slot comes back and Spark starts the next
+        one (a process that only paused wakes to a closed connection: a zombie, refused)."""
+        self._sel.unregister(conn.sock)
+        reason = f"no heartbeat for {silent_s:.1f} s (--failure-timeout-ms {self.failure_timeout_s * 1000:.0f})"
+        # read by the process if it ever wakes: it stops instead of going on as a zombie
+        self._send(conn, control.Replaced(reason))
+        conn.close()
+        attempt = self.attempts.get(w, 0)
+        task = self.tasks.get(w, -1)
+        self.suspicions.append({"t": time.time(), "worker": w, "attempt": attempt, "silent_s": silent_s})
+        self.event("suspected", worker=w, attempt=attempt, task=task, silent_s=round(silent_s, 3))
+        if self.kill_task is not None and task >= 0 and not self.finished:
+            self.kill_task(task, self.pids.get(w, 0), f"nosync: worker {w} (attempt {attempt}) suspected: {reason}")
+        self._lost(w, conn, reason)
+
+    # -- standbys ------------------------------------------------------------------
+
+    def _stand_by(self, conn: channels.Connection, msg: control.Register) -> None:
+        """Takes the process on `conn` as a standby: a spare task, or Spark's retry of a worker
+        a standby already replaced. It is promoted at once if a worker waits for one."""
+        sid = self._next_standby
+        self._next_standby += 1
+        self.standbys[sid] = {
+            "conn": conn,
+            "host": msg.addr[0],
+            "task": msg.task,
+            "pid": msg.pid,
+            "beat": time.monotonic(),
+        }
+        self._sel.modify(conn.sock, selectors.EVENT_READ, ("standby", sid, conn))
+        self.event("standby", standby=sid, host=msg.addr[0], pid=msg.pid, task_index=msg.worker)
+        if self.finished:
+            self._send(conn, control.Finish())
+            return
+        self._send(conn, control.Standby())
+        for w in sorted(self.awaiting):
+            if w not in self.conns and not self._held(w, None):
+                self._replace(w)
+                break
+
+    def _handle_standby(self, sid: int, msg: control.Message) -> None:
+        info = self.standbys.get(sid)
+        if info is None:
+            return
+        match msg:
+            case control.Heartbeat():
+                info["beat"] = time.monotonic()
+            case control.Error(message=message):
+                self.event("standby_failed", standby=sid, reason=message)
+            case _:
+                pass  # a standby has nothing else to say
+
+    def _standby_lost(self, sid: int, reason: str) -> None:
+        """A standby whose connection dropped or who went silent: Spark retries its task,
+        which comes back a standby."""
+        if self.standbys.pop(sid, None) is not None:
+            self.event("standby_lost", standby=sid, reason=reason)
+
+    def _held(self, w: int, conn: channels.Connection | None) -> bool:
+        """Whether a standby other than `conn` was promoted to worker `w` and is alive."""
+        c = self.promoted.get(w)
+        return c is not None and c is not conn and not c.closed and (self.conns.get(w) is c or c in self._promised)
+
+    def _replace(self, w: int) -> None:
+        """Promotes a standby to worker `w`, lost: one on another host than the lost attempt's
+        where there is one. Without a standby, Spark's retry of the task is waited for."""
+        if not self.standbys or self.failure is not None or self.finished:
+            return
+        lost_host = self.addresses.get(w, [None])[0]
+        sid = min(self.standbys, key=lambda k: (self.standbys[k]["host"] == lost_host, k))
+        info = self.standbys.pop(sid)
+        conn = info["conn"]
+        attempt = self.max_attempt.get(w, -1) + 1
+        self.max_attempt[w] = attempt
+        self._promised[conn] = (w, attempt)
+        self.promoted[w] = conn
+        self._sel.modify(conn.sock, selectors.EVENT_READ, ("worker", w, conn))
+        self.promotions.append({"t": time.time(), "worker": w, "attempt": attempt, "host": info["host"]})
+        self.event("promoted", worker=w, attempt=attempt, standby=sid, host=info["host"], pid=info["pid"])
+        self._send(conn, control.Promote(w, attempt))
+
+    def _promise_broken(self, w: int, conn: channels.Connection) -> None:
+        """A standby promoted to `w` went away before it registered: another one is promoted."""
+        if self._promised.pop(conn, None) is not None and w in self.awaiting:
+            self._replace(w)
+
+    def _lost(self, w: int, conn: channels.Connection, reason: str, replace: bool = True) -> None:
+        """Worker `w`'s attempt on `conn` is gone: the mode decides what follows, and a
+        standby takes its place (`replace`: not when a new attempt is registering already)."""
         if self.conns.get(w) is not conn:
             return
         del self.conns[w]
@@ -337,6 +477,9 @@ class Coordinator:
             # sampled every PROGRESS_S may not have caught its last report
             self.progress_rows.append(_progress_row(time.time(), w, last))
         self.mode.on_worker_lost(self, w, self.attempts.get(w, 0), reason)
+        self.awaiting.add(w)
+        if replace:
+            self._replace(w)
 
     def _send(self, conn: channels.Connection, msg: control.Message) -> None:
         conn.send(frames.encode(frames.CONTROL, {}, control.to_wire(msg)))
@@ -350,7 +493,13 @@ class Coordinator:
             case control.Register():
                 self._register(w, conn, msg)
             case control.Heartbeat(counters=counters):
-                self.last_beat[w] = time.monotonic()
+                if self.conns.get(w) is not conn:
+                    return  # a promoted standby before its registration, or a connection replaced
+                now = time.monotonic()
+                prev = self.last_beat.get(w)
+                if prev is not None and now - prev > self.longest_silence_s:
+                    self.longest_silence_s = now - prev
+                self.last_beat[w] = now
                 with self._lock:
                     self.counters[w] = self._counted(w, {**counters, "gen": msg.gen})
                     if self.first_record_at is None and counters.get("read"):
@@ -372,6 +521,8 @@ class Coordinator:
                     self.counters[w] = msg.metrics
                     if len(self.done) == self.workers:
                         self.broadcast(control.Finish())
+                        for info in self.standbys.values():
+                            self._send(info["conn"], control.Finish())
                         self.finished = True
                         self.event("finished")
                         self._changed.notify_all()
@@ -416,18 +567,38 @@ class Coordinator:
         return out
 
     def _register(self, w: int, conn: channels.Connection, msg: control.Register) -> None:
+        promised = self._promised.pop(conn, None)
+        if promised is None and conn not in self._known:
+            # a new process: a spare task, Spark's retry of a worker a standby replaced, or a
+            # retry whose attempt number a promotion used already
+            if w >= self.workers or self._held(w, conn):
+                self._stand_by(conn, msg)
+                return
+            if msg.attempt <= self.max_attempt.get(w, -1):
+                attempt = self.max_attempt[w] + 1
+                self.max_attempt[w] = attempt
+                self._promised[conn] = (w, attempt)
+                self._send(conn, control.Promote(w, attempt))
+                return
+        elif promised is not None and promised != (w, msg.attempt):
+            self.fail(f"worker {w} registered as attempt {msg.attempt}, not as the {promised} it was given")
+            return
+        self._known.add(conn)
+        self.max_attempt[w] = max(self.max_attempt.get(w, -1), msg.attempt)
+        self.awaiting.discard(w)
         attempt = msg.attempt
         gen = msg.gen
         prev = self.conns.get(w)
         if prev is not None and prev is not conn:
             # a new attempt of a worker whose old connection has not dropped yet: it is gone
-            self._lost(w, prev, f"replaced by attempt {attempt}")
+            self._lost(w, prev, f"replaced by attempt {attempt}", replace=False)
             prev.close()
         self.conns[w] = conn
         self.addresses[w] = list(msg.addr)
         new_attempt = attempt != self.attempts.get(w)
         self.attempts[w] = attempt
         self.pids[w] = msg.pid
+        self.tasks[w] = msg.task
         self.last_beat[w] = time.monotonic()
         if not new_attempt and msg.read is not None:
             self.read_at_rejoin[w] = msg.read

@@ -38,7 +38,14 @@ from nosync.modes import get_mode
 from nosync.options import RunOptions
 from nosync.places import SHARED_STORES, Places, places_of
 from nosync.runtime.links import SETUP_TIMEOUT_S
-from nosync.spark.session import check_slots, driver_address, get_spark, is_embedded, spark_output_to
+from nosync.spark.session import (
+    check_slots,
+    driver_address,
+    get_spark,
+    is_embedded,
+    kill_task_attempt,
+    spark_output_to,
+)
 from nosync.state import checkpoints
 
 SAMPLE_S = 0.25
@@ -127,14 +134,27 @@ def run(
         elif opts.replay_threshold_records is not None:
             why = f"--replay-threshold-records: {workers} streaming tasks and {workers} for the span job"
         slots = 2 * workers if why else workers
+        if opts.standbys:
+            why = (why + "; " if why else f"{workers} workers") + f" and --standbys {opts.standbys}"
+            slots += opts.standbys
         spark = spark or get_spark(opts.master, slots, driver_host=opts.driver_host, slots=slots)
         check_slots(spark, slots, why)
         startup_s = time.time() - t0
         secret = secrets.token_bytes(32)
         host = driver_address(spark.sparkContext.master, opts.driver_host)
         coord = Coordinator(
-            workers, secret, driver_mode, run_id, host=host, run_dir=run_dir, max_restarts=opts.max_restarts
+            workers,
+            secret,
+            driver_mode,
+            run_id,
+            host=host,
+            run_dir=run_dir,
+            max_restarts=opts.max_restarts,
+            failure_timeout_s=opts.failure_timeout_ms / 1000,
+            kill_task=partial(kill_task_attempt, spark.sparkContext, is_embedded(spark.sparkContext.master)),
+            standbys=opts.standbys,
         )
+        coord.event("coordinator", address=list(coord.address))
         spec = {
             "run_id": run_id,
             "pipeline_file": pipeline_file,
@@ -162,7 +182,9 @@ def run(
         def job() -> None:
             sc.setJobGroup(run_id, f"nosync {pipeline.name} ({mode})", interruptOnCancel=True)
             try:
-                got = sc.parallelize(range(workers), workers).mapPartitionsWithIndex(partial(worker_main, spec))
+                # tasks W and up are the standbys
+                tasks = workers + opts.standbys
+                got = sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(partial(worker_main, spec))
                 job_results.extend(got.collect())
             except BaseException as e:  # noqa: BLE001 - reported to the caller below
                 job_error.append(e)
@@ -203,8 +225,12 @@ def run(
                 sc.cancelJobGroup(run_id)
                 thread.join(timeout=5)
                 raise RunFailed(coord.failure, run_dir=run_dir)
-            # every worker was told to finish; a task Spark retries after that is told so too
-            thread.join(timeout=60)
+            # every worker was told to finish; a task Spark retries after that is told so too.
+            # A worker that hangs after its work was done never ends its task: once it is
+            # silent past the failure timeout, the job is cancelled (its output is committed)
+            deadline = time.monotonic() + 60
+            while thread.is_alive() and time.monotonic() < deadline and not coord.silent_workers():
+                thread.join(0.1)
             if thread.is_alive():
                 sc.cancelJobGroup(run_id)
                 thread.join(timeout=5)
@@ -227,9 +253,17 @@ def run(
             "processing_s": max(1e-9, last_commit - first),
             "wall_s": end - t0,
             "refused_connections": coord.refused,
+            "suspicions": len(coord.suspicions),
+            "standbys": opts.standbys,
+            "promotions": len(coord.promotions),
+            "longest_silence_s": round(coord.longest_silence_s, 3),
         }
         summary = metrics.summarize(info, coord.done)
         summary["dead_letters"] = coord.dead_letters_written
+        # the workers' own refusals too (strangers at their data listeners)
+        summary["refused_connections"] += sum(
+            int(d["metrics"].get("refused_connections") or 0) for d in coord.done.values()
+        )
         summary["records_per_s"] = summary["records_read"] / info["processing_s"]
         summary["generations"] = coord.gen + 1
         summary.update(driver_mode.summary(coord))

@@ -19,4 +19,6 @@ def worker_main(spec: dict, index: int, _iterator: Any) -> list:
     attempt = ctx.attemptNumber() if ctx is not None else 0
     logging.basicConfig(level=logging.WARNING)
     hooks = worker_hooks(spec["mode"], RunOptions.from_wire(spec["options"]))
-    return [Worker(index, attempt, spec, hooks).run()]
+    worker = Worker(index, attempt, spec, hooks)
+    worker.task_id = ctx.taskAttemptId() if ctx is not None else -1
+    return [worker.run()]

@@ -24,8 +24,11 @@ import hashlib
 import hmac
 import logging
 import os
+import queue
 import socket
 import struct
+import threading
+import time
 from collections import deque
 
 import msgpack
@@ -39,6 +42,11 @@ HELLO = b"NSY1"
 NONCE = 32
 MAC = 32
 HANDSHAKE_TIMEOUT_S = 5.0
+"""The whole handshake's deadline, on either side: a peer that sends a byte now and then cannot
+stretch it (each `recv` waits only for what is left of it)."""
+MAX_PENDING_HANDSHAKES = 16
+"""Handshakes an `Acceptor` runs at once; a connection over the cap is closed at once, so that
+strangers cannot take a worker's or the coordinator's threads or descriptors."""
 INITIAL_CREDITS = 64
 
 
@@ -46,10 +54,17 @@ def _mac(secret: bytes, *parts: bytes) -> bytes:
     return hmac.new(secret, b"".join(parts), hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AuthError(f"handshake not done within {HANDSHAKE_TIMEOUT_S:g} s")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(n - len(buf))
+        except TimeoutError:
+            raise AuthError(f"handshake not done within {HANDSHAKE_TIMEOUT_S:g} s") from None
         if not chunk:
             raise AuthError("connection closed during the handshake")
         buf += chunk
@@ -61,15 +76,16 @@ def accept_handshake(sock: socket.socket, secret: bytes) -> dict:
     socket sends each frame at once (TCP_NODELAY), as `connect`'s does: with Nagle's algorithm
     a small frame waits for the acknowledgement of the one before, which a receiver that sends
     nothing back delays by up to 40 ms (Linux's delayed ACK)."""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         server_nonce = os.urandom(NONCE)
         sock.sendall(HELLO + server_nonce)
-        (n,) = struct.unpack("<H", _recv_exact(sock, 2))
-        ident_raw = _recv_exact(sock, n)
-        client_nonce = _recv_exact(sock, NONCE)
-        mac = _recv_exact(sock, MAC)
+        (n,) = struct.unpack("<H", _recv_exact(sock, 2, deadline))
+        ident_raw = _recv_exact(sock, n, deadline)
+        client_nonce = _recv_exact(sock, NONCE, deadline)
+        mac = _recv_exact(sock, MAC, deadline)
         if not hmac.compare_digest(mac, _mac(secret, b"c", server_nonce, ident_raw, client_nonce)):
             raise AuthError("handshake MAC mismatch: the peer does not know the run's secret")
         try:
@@ -88,9 +104,10 @@ def accept_handshake(sock: socket.socket, secret: bytes) -> dict:
 
 def connect_handshake(sock: socket.socket, secret: bytes, identity: dict) -> None:
     """Client side; raises AuthError if the server cannot prove the secret."""
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
     sock.settimeout(HANDSHAKE_TIMEOUT_S)
     try:
-        hello = _recv_exact(sock, len(HELLO) + NONCE)
+        hello = _recv_exact(sock, len(HELLO) + NONCE, deadline)
         if hello[: len(HELLO)] != HELLO:
             raise AuthError("the peer is not a nosync endpoint")
         server_nonce = hello[len(HELLO) :]
@@ -102,7 +119,7 @@ def connect_handshake(sock: socket.socket, secret: bytes, identity: dict) -> Non
             + client_nonce
             + _mac(secret, b"c", server_nonce, ident_raw, client_nonce)
         )
-        reply = _recv_exact(sock, MAC)
+        reply = _recv_exact(sock, MAC, deadline)
         if not hmac.compare_digest(reply, _mac(secret, b"s", client_nonce, server_nonce)):
             raise AuthError("the server failed to prove the run's secret")
     except OSError as e:
@@ -238,6 +255,92 @@ def listen(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return s
 
 
+class Acceptor:
+    """Accepts connections on `listener` and runs their handshakes on threads of its own, at
+    most MAX_PENDING_HANDSHAKES at once, each within HANDSHAKE_TIMEOUT_S: an event loop never
+    waits on a peer that sends nothing. What passed the handshake is queued as (socket,
+    address, identity); `wakeup` becomes readable whenever something was queued, so that a
+    selector can watch it beside its connections (`take` empties both)."""
+
+    def __init__(self, listener: socket.socket, secret: bytes, name: str) -> None:
+        self.listener = listener
+        self.secret = secret
+        self.refused = 0
+        """Connections closed: over the cap, or failing the handshake."""
+        self._ready: queue.SimpleQueue = queue.SimpleQueue()
+        self._slots = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self.wakeup, self._wake = socket.socketpair()
+        self.wakeup.setblocking(False)
+        self._stop = threading.Event()
+        listener.settimeout(0.2)
+        self._thread = threading.Thread(target=self._accept, name=f"{name}-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, addr = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self._slots.acquire(blocking=False):
+                self.refused += 1
+                refuse(sock, addr, AuthError(f"{MAX_PENDING_HANDSHAKES} handshakes already pending"))
+                continue
+            threading.Thread(target=self._handshake, args=(sock, addr), daemon=True).start()
+
+    def _handshake(self, sock: socket.socket, addr: object) -> None:
+        try:
+            ident = accept_handshake(sock, self.secret)
+        except AuthError as e:
+            self._slots.release()  # first: once it is counted, its slot is free
+            self.refused += 1
+            refuse(sock, addr, e)
+            return
+        self._slots.release()
+        self._ready.put((sock, addr, ident))
+        try:
+            self._wake.send(b"x")
+        except OSError:
+            pass  # closed: nobody takes it any more
+
+    def take(self, timeout: float = 0.0) -> list[tuple[socket.socket, object, dict]]:
+        """The connections that passed the handshake since the last call (waits up to
+        `timeout` for the first)."""
+        got = []
+        if timeout > 0:
+            try:
+                got.append(self._ready.get(timeout=timeout))
+            except queue.Empty:
+                return got
+        # the wake-up bytes go first: one sent after this still finds its connection queued
+        try:
+            while self.wakeup.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
+        try:
+            while True:
+                got.append(self._ready.get_nowait())
+        except queue.Empty:
+            pass
+        return got
+
+    def close(self) -> None:
+        """Stops accepting, closes the listener and what was queued but never taken."""
+        self._stop.set()
+        self._thread.join(timeout=1)
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+        for sock, _, _ in self.take():
+            sock.close()
+        self.wakeup.close()
+        self._wake.close()
+
+
 def refuse(sock: socket.socket, addr: object, err: BaseException) -> None:
     """Closes a connection that failed the handshake, and logs it."""
     log.warning("refused connection from %s: %s", addr, err)
@@ -248,6 +351,7 @@ def refuse(sock: socket.socket, addr: object, err: BaseException) -> None:
 
 
 __all__ = [
+    "Acceptor",
     "Connection",
     "FrameError",
     "accept_handshake",

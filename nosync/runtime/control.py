@@ -5,7 +5,9 @@ A worker registers (`Register`), says it runs a generation (`Ready`), beats (`He
 its counters), hands over a record its sources could not read (`DeadLetter`: the driver keeps
 the run's dead letters), reports the end of its input (`Done`) or why it stops (`Error`). The coordinator
 sends the peers of a generation (`Peers`), moves everyone to a new one (`Rejoin`), holds a
-generation back (`Hold`), ends the run (`Finish`) or aborts it (`Abort`). A mode's own messages
+generation back (`Hold`), ends the run (`Finish`) or aborts it (`Abort`), and tells a worker it
+suspected that it was replaced (`Replaced`). A spare process is told it stands by (`Standby`),
+and later which worker it becomes (`Promote`). A mode's own messages
 travel both ways as `ModeMessage`: its operation (each mode names its operations in an enum)
 and a map of what goes with it."""
 
@@ -32,13 +34,18 @@ class Kind(StrEnum):
     HOLD = "hold"
     FINISH = "finish"
     ABORT = "abort"
+    REPLACED = "replaced"
+    STANDBY = "standby"
+    PROMOTE = "promote"
     MODE = "mode"
 
 
 @dataclass(frozen=True)
 class Register:
     """A worker joins generation `gen` (-1: whichever the coordinator is in) from `addr`; `read`
-    counts the records it had read when its last generation ended (None: nothing restored yet)."""
+    counts the records it had read when its last generation ended (None: nothing restored yet);
+    `task`: Spark's id of its task attempt (-1: not a Spark task), by which the driver has Spark
+    kill a worker it suspects."""
 
     worker: int
     attempt: int
@@ -46,6 +53,7 @@ class Register:
     gen: int = -1
     pid: int = 0
     read: int | None = None
+    task: int = -1
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,29 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class Replaced:
+    """This attempt was suspected (silent past the failure timeout) and is replaced, for
+    `reason`: a process that reads this woke from a hang or a pause, a zombie; it stops."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Standby:
+    """This process holds no partition: it waits, beating, until it is promoted or the run
+    ends (a spare task of `--standbys`, or Spark's retry of a worker a standby replaced)."""
+
+
+@dataclass(frozen=True)
+class Promote:
+    """This process is now worker `worker`, attempt `attempt` (an attempt number the
+    coordinator gives, above every earlier one of that worker): register as it."""
+
+    worker: int
+    attempt: int
+
+
+@dataclass(frozen=True)
 class ModeMessage:
     """A mode's own message: operation `op` in generation `gen` (None: any), with `body`."""
 
@@ -139,7 +170,21 @@ class ModeMessage:
 
 
 Message = (
-    Register | Ready | Heartbeat | Done | Error | DeadLetter | Peers | Rejoin | Hold | Finish | Abort | ModeMessage
+    Register
+    | Ready
+    | Heartbeat
+    | Done
+    | Error
+    | DeadLetter
+    | Peers
+    | Rejoin
+    | Hold
+    | Finish
+    | Abort
+    | Replaced
+    | Standby
+    | Promote
+    | ModeMessage
 )
 
 _KINDS: dict[type, Kind] = {
@@ -154,6 +199,9 @@ _KINDS: dict[type, Kind] = {
     Hold: Kind.HOLD,
     Finish: Kind.FINISH,
     Abort: Kind.ABORT,
+    Replaced: Kind.REPLACED,
+    Standby: Kind.STANDBY,
+    Promote: Kind.PROMOTE,
     ModeMessage: Kind.MODE,
 }
 

@@ -12,11 +12,12 @@ import threading
 import time
 
 from nosync.errors import AuthError, FrameError, PeerLost, RunFailed
+from nosync.options import HEARTBEAT_MS
 from nosync.runtime import channels, control, frames
 
 log = logging.getLogger("nosync.worker")
 
-HEARTBEAT_S = 0.1
+HEARTBEAT_S = HEARTBEAT_MS / 1000
 SETUP_TIMEOUT_S = 120.0
 CONNECT_S = 20.0
 """How long a worker tries to reach the coordinator before it gives up and says so: well
@@ -49,8 +50,42 @@ class Links:
         host = sock.getsockname()[0]
         self.listener = channels.listen(host, 0)
         self.address = [host, self.listener.getsockname()[1]]
+        self.acceptor = channels.Acceptor(self.listener, self.secret, f"nosync-w{self.index}")
+        self._early: list[tuple[socket.socket, object, dict]] = []
+        """Peers' connections for a generation this worker has not reached yet."""
         self.ctrl_conn = channels.Connection(sock, "coordinator")
+        self._ctrl_lock = threading.Lock()
+        self._last_beat_sent = 0.0
+        self._progress: dict = self.counters()
         self._send_register(-1)
+        self._beats_stop = threading.Event()
+        self._beats = threading.Thread(target=self._beat, name=f"nosync-w{self.index}-heartbeat", daemon=True)
+        self._beats.start()
+
+    def _beat(self) -> None:
+        """The heartbeat thread: the worker is alive as long as its process runs, whatever its
+        loop is busy with. A beat it sends carries the progress the loop last published; the
+        loop's own beats (`keepalive`) carry fresh progress, and this thread sends one only
+        when the loop has not for HEARTBEAT_S."""
+        while not self._beats_stop.wait(HEARTBEAT_S / 2):
+            if time.monotonic() - self._last_beat_sent < HEARTBEAT_S:
+                continue
+            with self._ctrl_lock:
+                if self.ctrl_conn.closed:
+                    return
+                self._last_beat_sent = time.monotonic()
+                self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, control.to_wire(self._heartbeat())))
+                try:
+                    self.ctrl_conn.flush()
+                except OSError:
+                    return  # the loop finds the coordinator gone
+
+    def _heartbeat(self) -> control.Heartbeat:
+        return control.Heartbeat(self.gen, self._progress)
+
+    def _stop_beats(self) -> None:
+        self._beats_stop.set()
+        self._beats.join(timeout=1)
 
     def _dial_coordinator(self, address: tuple) -> socket.socket:
         """An authenticated connection to the coordinator, tried again for CONNECT_S (its
@@ -83,12 +118,34 @@ class Links:
                 pid=os.getpid(),
                 # records read when the last generation ended: exact, where heartbeats lag
                 read=sum(s.records_in for s in self.sources),
+                task=self.task_id,
             )
         )
 
+    def _become(self, worker: int, attempt: int) -> None:
+        """A standby promoted: from now on this process is attempt `attempt` of worker
+        `worker`, and registers as it; it restores that worker as a Spark retry would."""
+        log.warning(
+            "standby (task %s, pid %s) promoted: now worker %s, attempt %s", self.task_id, os.getpid(), worker, attempt
+        )
+        self._promote = None
+        self.index, self.attempt, self.standby = worker, attempt, False
+        slow = self.spec.get("slow_worker")
+        self.slow_s = slow[1] / 1000 if slow and slow[0] == worker else 0.0
+        self._peers_deadline = time.monotonic() + SETUP_TIMEOUT_S
+        self._send_register(-1)
+
     def send_ctrl(self, msg: control.Message) -> None:
         """Queues a control message to the coordinator (written by the loop, or by keepalive)."""
-        self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, control.to_wire(msg)))
+        data = frames.encode(frames.CONTROL, {}, control.to_wire(msg))
+        with self._ctrl_lock:
+            self.ctrl_conn.send(data)
+
+    def flush_ctrl(self) -> None:
+        """Writes what the coordinator's connection takes now (the heartbeat thread writes to
+        it too)."""
+        with self._ctrl_lock:
+            self.ctrl_conn.flush()
 
     def report_ready(self) -> None:
         """Tells the coordinator this generation runs here (once): the operators are built and
@@ -111,9 +168,12 @@ class Links:
         now = time.monotonic()
         if now >= self._next_beat:
             self._next_beat = now + HEARTBEAT_S
-            self.send_ctrl(control.Heartbeat(self.gen, self.counters()))
+            self._progress = self.counters()
+            with self._ctrl_lock:
+                self._last_beat_sent = now
+                self.ctrl_conn.send(frames.encode(frames.CONTROL, {}, control.to_wire(self._heartbeat())))
         if self.ctrl_conn.out_bytes:
-            self.ctrl_conn.flush()
+            self.flush_ctrl()
 
     def _read_ctrl(self) -> None:
         try:
@@ -140,6 +200,8 @@ class Links:
             while True:
                 if self._finish:
                     return None
+                if self._promote is not None:
+                    self._become(*self._promote)
                 if self._rejoin is not None:
                     g, self._rejoin = self._rejoin, None
                     self._send_register(g)
@@ -148,37 +210,43 @@ class Links:
                     self._peers = None
                     return peers
                 self.keepalive()
-                if time.monotonic() > self._peers_deadline:
+                if self.standby:
+                    self._peers_deadline = time.monotonic() + SETUP_TIMEOUT_S  # a standby waits as long as it must
+                elif time.monotonic() > self._peers_deadline:
                     raise RunFailed(f"worker {self.index}: no peers from the coordinator in {SETUP_TIMEOUT_S:.0f}s")
                 if sel.select(0.05):
                     self._read_ctrl()
         finally:
             sel.close()
 
+    def _accepted(self, gen: int, wait: float = 0.0) -> list[tuple[int, socket.socket, dict]]:
+        """The peers' connections for generation `gen` that passed the handshake, as (peer,
+        socket, identity), waiting up to `wait` for one: those for a later generation are kept
+        for it, the rest refused."""
+        got = []
+        early, self._early = self._early, []
+        for s, addr, ident in early + self.acceptor.take(0.0 if early else wait):
+            try:
+                j = ident.get("from")
+                if ident.get("role") != "data" or ident.get("to") != self.index or not isinstance(j, int):
+                    raise AuthError(f"unexpected identity {ident}")
+                if not 0 <= j < self.workers or j == self.index:
+                    raise AuthError(f"unexpected identity {ident}")
+                g = ident.get("gen")
+                if not isinstance(g, int) or g < gen:
+                    raise AuthError(f"identity {ident} of a generation before {gen}")
+            except AuthError as e:
+                channels.refuse(s, addr, e)
+                continue
+            if g > gen:
+                self._early.append((s, addr, ident))
+            else:
+                got.append((j, s, ident))
+        return got
+
     def _connect_peers(self, peers: list, gen: int) -> None:
         expected = self.workers - 1
         accepted: dict[int, socket.socket] = {}
-        stop = threading.Event()
-
-        def accept() -> None:
-            self.listener.settimeout(0.2)
-            while len(accepted) < expected and not stop.is_set():
-                try:
-                    s, addr = self.listener.accept()
-                except TimeoutError:
-                    continue
-                except OSError:
-                    return
-                try:
-                    ident = channels.accept_handshake(s, self.secret)
-                    if ident.get("role") != "data" or ident.get("to") != self.index or ident.get("gen") != gen:
-                        raise AuthError(f"unexpected identity {ident} (generation {gen})")
-                    accepted[int(ident["from"])] = s
-                except AuthError as e:
-                    channels.refuse(s, addr, e)
-
-        t = threading.Thread(target=accept, name="nosync-accept", daemon=True)
-        t.start()
         try:
             for j in range(self.workers):
                 if j != self.index:
@@ -189,15 +257,17 @@ class Links:
                     )
                     self.out[j] = channels.Connection(s, f"worker {j}", credits=channels.INITIAL_CREDITS)
             deadline = time.monotonic() + 60
-            while t.is_alive() and time.monotonic() < deadline:
-                t.join(0.1)
+            while len(accepted) < expected and time.monotonic() < deadline:
+                for j, s, _ in self._accepted(gen, wait=0.1):
+                    old = accepted.pop(j, None)
+                    if old is not None:
+                        old.close()
+                    accepted[j] = s
                 self.keepalive()
                 self._poll_ctrl_nowait()
                 if self._rejoin is not None:
                     raise Rejoin(self._rejoin)
         finally:
-            stop.set()
-            t.join()
             if len(accepted) < expected:
                 for s in accepted.values():
                     s.close()
@@ -277,32 +347,20 @@ class Links:
         return conn
 
     def _accept_peer(self) -> None:
-        """A peer that came back connects to this running worker."""
-        try:
-            s, addr = self.listener.accept()
-        except (BlockingIOError, OSError):
-            return
-        try:
-            s.settimeout(10.0)
-            ident = channels.accept_handshake(s, self.secret)
-            if ident.get("role") != "data" or ident.get("to") != self.index or ident.get("gen") != self.gen:
-                raise AuthError(f"unexpected identity {ident} (generation {self.gen})")
-            j = int(ident["from"])
-            if not 0 <= j < self.workers or j == self.index:
-                raise AuthError(f"unexpected identity {ident}")
-        except (AuthError, OSError) as e:
-            channels.refuse(s, addr, e)
-            return
-        conn = channels.Connection(s, f"worker {j}")
-        conn.attempt = int(ident.get("attempt", 0))
-        self.attach(j, conn, "in")
-        self.hooks.on_peer_connected(self, j, conn, "in")
+        """A peer that came back connects to this running worker (its handshake ran on the
+        acceptor's thread, never on this loop)."""
+        for j, s, ident in self._accepted(self.gen):
+            conn = channels.Connection(s, f"worker {j}")
+            conn.attempt = int(ident.get("attempt", 0))
+            self.attach(j, conn, "in")
+            self.hooks.on_peer_connected(self, j, conn, "in")
 
     def _report_error(self, e: BaseException) -> None:
         """Tells the coordinator why this worker stops, before its connection drops."""
         msg = str(e) if isinstance(e, RunFailed) else f"{type(e).__name__}: {e}"
         if isinstance(e, RunFailed) and "channel with worker" in msg:
             return  # a consequence of another worker's end, which that worker reports
+        self._stop_beats()
         try:
             self.ctrl_conn.sock.setblocking(True)
             self.ctrl_conn.flush()

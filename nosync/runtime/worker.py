@@ -20,10 +20,13 @@ The loop:
    the rest per destination);
 3. flush router buffers older than the linger time, write what the sockets take, let the
    mode poll (durable snapshots);
-4. every HEARTBEAT_S, send counters to the coordinator.
+4. every HEARTBEAT_S, publish its counters (its progress) and send them to the coordinator.
 
-No thread is started per record or per batch; the only extra thread accepts peer connections
-while a generation is set up.
+No thread is started per record or per batch. Beside the loop, a heartbeat thread beats for the
+worker when the loop is busy (liveness apart from progress: the coordinator's failure timeout
+never takes a busy worker for a dead one), and an acceptor runs the handshakes of peers'
+connections (`channels.Acceptor`), so a peer that connects and sends nothing never holds the
+loop.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 from nosync.api.loader import spec_pipeline
 from nosync.api.plan import PhysicalPlan, plan
 from nosync.api.sink_base import open_part_of
-from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, RunFailed
+from nosync.errors import AuthError, BadRecord, FrameError, PeerLost, Replaced, RunFailed
 from nosync.places import spec_places
 from nosync.runtime import channels, control, frames
 from nosync.runtime.dead_letters import DeadLetters
@@ -85,6 +88,11 @@ class Worker(Links):
     def __init__(self, index: int, attempt: int, spec: dict, hooks: WorkerHooks) -> None:
         self.index = index
         self.attempt = attempt
+        self.standby = index >= spec["workers"]
+        """A spare process (`--standbys`): it holds no partition until it is promoted."""
+        self._promote: tuple[int, int] | None = None
+        self.task_id = -1
+        """Spark's id of this task attempt (set by the task entry; -1 outside Spark)."""
         self.spec = spec
         self.workers = spec["workers"]
         self.secret = spec["secret"]
@@ -132,8 +140,17 @@ class Worker(Links):
         match msg:
             case control.Abort(reason=reason):
                 raise RunFailed(f"run aborted by the coordinator: {reason}")
+            case control.Replaced(reason=reason):
+                raise Replaced(
+                    f"worker {self.index} (attempt {self.attempt}, pid {os.getpid()}) woke to find itself replaced: "
+                    f"{reason}; this process stops and changes nothing"
+                )
             case control.Finish():
                 self._finish = True
+            case control.Standby():
+                self.standby = True
+            case control.Promote(worker=w, attempt=a):
+                self._promote = (w, a)
             case control.Rejoin(gen=g):
                 if g > self.gen and (self._rejoin is None or g > self._rejoin):
                     self._rejoin = g
@@ -226,7 +243,7 @@ class Worker(Links):
         at once, ahead of any snapshot that could cover its record's position."""
         self.send_ctrl(control.DeadLetter(worker=self.index, **letter))
         try:
-            self.ctrl_conn.flush()
+            self.flush_ctrl()
         except OSError:
             pass  # the coordinator is gone: the loop finds out
 
@@ -308,6 +325,7 @@ class Worker(Links):
             "operators": {op.name: op.metrics() for op in self.ops},
             "latencies": lat,
             "bytes_sent": sum(c.bytes_sent for c in self.out.values()),
+            "refused_connections": self.acceptor.refused,
             "pid": os.getpid(),
             "attempt": self.attempt,
             "generations": self.generations,
@@ -375,6 +393,11 @@ class Worker(Links):
                 if self._finish:
                     break
                 peers = self._await_peers()
+        except Replaced as e:
+            # a zombie: the coordinator no longer listens to it, and nothing it holds is
+            # written anywhere; its task ends (Spark starts another attempt if none runs yet)
+            log.error("%s", e)
+            raise
         except Exception as e:
             self._report_error(e)
             raise
@@ -383,9 +406,12 @@ class Worker(Links):
             for part in self._parts.values():
                 part.close()
             self.hooks.close(self)
+            self._stop_beats()
             for c in [*self.out.values(), *self.inc.values(), self.ctrl_conn]:
                 c.close()
-            self.listener.close()
+            self.acceptor.close()
+            for s, _, _ in self._early:
+                s.close()
         return {"worker": self.index, "attempt": self.attempt, "read": self.counters()["read"]}
 
     def _open_selector(self) -> None:
@@ -395,7 +421,7 @@ class Worker(Links):
         sel.register(self.ctrl_conn.sock, selectors.EVENT_READ, ("ctrl", -1, self.ctrl_conn))
         if self.hooks.accepts_peers:
             # a recovering peer connects again while this worker runs on
-            sel.register(self.listener, selectors.EVENT_READ, ("listen", -1, None))
+            sel.register(self.acceptor.wakeup, selectors.EVENT_READ, ("listen", -1, None))
         for j, c in self.inc.items():
             sel.register(c.sock, selectors.EVENT_READ, ("in", j, c))
         for j, c in self.out.items():

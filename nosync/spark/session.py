@@ -9,14 +9,19 @@ worker would both register). Embedded runs use `local[W,F]`: W task slots, F att
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from nosync.errors import NosyncError
+
+log = logging.getLogger("nosync.spark.session")
 
 MAX_FAILURES = 100_000
 """Spark's own retry bound, set out of the way: how many restarts a run survives is the mode's
@@ -98,6 +103,9 @@ def get_spark(
         .config("spark.speculation", "false")
         .config("spark.task.maxFailures", str(MAX_FAILURES))
         .config("spark.python.worker.reuse", "true")
+        # a task attempt the driver kills (a worker it suspects: `kill_task_attempt`) has its
+        # Python process killed this soon when it does not end by itself (a hung one never does)
+        .config("spark.python.task.killTimeout", "250ms")
         # the workers' modules are loaded before the daemon forks a task (a restart too)
         .config("spark.python.daemon.module", "nosync.driver.spark_daemon")
         .config("spark.driver.host", host)
@@ -109,6 +117,31 @@ def get_spark(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def kill_task_attempt(sc: Any, embedded: bool, task_id: int, pid: int, reason: str) -> None:
+    """Asks Spark to kill task attempt `task_id` (Spark's id, `TaskContext.taskAttemptId`),
+    without waiting: the executor interrupts it and kills its Python process once its monitor
+    sees the kill (it looks every 2 s) and spark.python.task.killTimeout has passed; Spark then
+    schedules the task again (a killed task is not a failure: it counts against no
+    spark.task.maxFailures). An executor Spark cannot reach gets the kill only once it is
+    reachable again, or never. Embedded (`embedded`: the executors are processes of this
+    host), the worker's process `pid` is also killed at once (SIGKILL), as a node's own agent
+    would: what it holds (its store's lock) is free for its replacement without the monitor's
+    delay."""
+    if embedded and pid > 0:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill() -> None:
+        try:
+            sc._jsc.sc().killTaskAttempt(int(task_id), True, reason)
+        except Exception as e:  # noqa: BLE001 - a stopped context: the run is ending anyway
+            log.warning("could not kill task attempt %s: %s", task_id, e)
+
+    threading.Thread(target=kill, name=f"nosync-kill-{task_id}", daemon=True).start()
 
 
 def check_slots(spark: Any, workers: int, why: str = "", wait_s: float = 60.0) -> None:

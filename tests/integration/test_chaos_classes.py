@@ -95,6 +95,7 @@ def test_two_machines_lost_at_once_under_replay_are_exactly_once(tmp_path):
     assert (r["lost"], r["duplicated"]) == (0, 0) and r["exactly_once"] is True, r
 
 
+@pytest.mark.soak
 def test_a_run_shorter_than_its_kills_is_not_judged(tmp_path):
     """60k records end within a second or so of the first safe point: fewer kills than the 5
     asked for (none, as a rule: the first waits for that safe point and the read count of a

@@ -24,7 +24,8 @@ def allowed(mode: str, failure: str, tier: str | None, replicas: int | None, wor
     """The rules, as a table: who survives what."""
     if failure == "two" and workers < 2:
         return False
-    if failure == "process" or mode == "replay":
+    if failure in ("process", "hang", "pause") or mode == "replay":
+        # a stopped process keeps its disk, as a killed one does
         return True
     if tier == "remote":
         return True

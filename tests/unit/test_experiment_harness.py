@@ -92,6 +92,11 @@ def _fake_rows(name: str) -> list[dict]:
                     "interval_ms_mean": 200 * x,
                     "recovery_span_ms_max": 300 * x,
                     "recovery_span_records_max": int(1000 * x),
+                    "hang_detection_s": 0.1 * x,
+                    "hang_to_90_s": None if rep else 2 * x,
+                    "false_suspicions": i % 3,
+                    "pause_records_reprocessed": 10 * (i % 3),
+                    "pause_records_per_s": 900 * x,
                 }
             )
     return rows

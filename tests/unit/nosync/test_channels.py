@@ -374,3 +374,289 @@ def test_coordinator_writes_the_records_read_as_progress_events_when_they_change
         c.close()
     with open(tmp_path / "events.jsonl", encoding="utf-8") as f:
         assert [e["read"] for e in map(json.loads, f) if e["event"] == "progress"] == [12, 9]
+
+
+# -- handshakes off the loop: the acceptor -----------------------------------------------------
+
+
+def test_a_handshake_that_dribbles_is_cut_at_its_overall_deadline(monkeypatch):
+    """A client that sends a byte every 0.2 s never leaves a single recv waiting as long as
+    the deadline; the handshake as a whole is cut when the deadline passes."""
+    monkeypatch.setattr(channels, "HANDSHAKE_TIMEOUT_S", 0.6)
+    server = Server(lambda s: channels.accept_handshake(s, SECRET))
+    sock = socket.create_connection(server.address)
+    stop = threading.Event()
+
+    def dribble() -> None:
+        sock.recv(len(channels.HELLO) + channels.NONCE, socket.MSG_WAITALL)
+        sock.sendall(struct.pack("<H", 200))
+        while not stop.wait(0.2):  # 200 bytes of identity at this pace: 40 s
+            try:
+                sock.sendall(b"x")
+            except OSError:
+                return
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    try:
+        server.join()
+    finally:
+        stop.set()
+        t.join(DEADLINE_S)
+        sock.close()
+    assert isinstance(server.error, AuthError)
+    assert "not done within" in str(server.error)
+
+
+class Listening:
+    """An Acceptor on a fresh loopback listener, closed by `close`."""
+
+    def __init__(self) -> None:
+        listener = channels.listen("127.0.0.1", 0)
+        self.address = listener.getsockname()
+        self.acceptor = channels.Acceptor(listener, SECRET, "test")
+
+    def take_one(self) -> tuple:
+        got = self.acceptor.take(DEADLINE_S)
+        assert got, "no connection passed the handshake"
+        return got[0]
+
+    def close(self) -> None:
+        self.acceptor.close()
+
+
+def test_silent_strangers_do_not_hold_back_a_peer_that_speaks():
+    srv = Listening()
+    strangers = [socket.create_connection(srv.address) for _ in range(5)]
+    peer = None
+    try:
+        peer = channels.connect(srv.address, SECRET, {"role": "data", "from": 1})
+        sock, _, ident = srv.take_one()
+        sock.close()
+        assert ident == {"role": "data", "from": 1}
+        assert srv.acceptor.refused == 0  # the strangers are still within their deadline
+    finally:
+        for s in strangers:
+            s.close()
+        if peer is not None:
+            peer.close()
+        srv.close()
+
+
+def test_connections_past_the_cap_of_pending_handshakes_are_closed_at_once(monkeypatch):
+    monkeypatch.setattr(channels, "MAX_PENDING_HANDSHAKES", 2)
+    srv = Listening()
+    strangers = []
+    try:
+        for _ in range(5):
+            strangers.append(socket.create_connection(srv.address))
+        wait_until(lambda: srv.acceptor.refused == 3, "three refusals")
+        greeted, closed = 0, 0
+        for s in strangers:
+            s.settimeout(DEADLINE_S)
+            first = s.recv(len(channels.HELLO) + channels.NONCE, socket.MSG_WAITALL)
+            if first == b"":
+                closed += 1
+            else:
+                assert first.startswith(channels.HELLO)
+                greeted += 1
+        assert (greeted, closed) == (2, 3)
+        # once the pending ones end, a peer gets a slot again
+        for s in strangers:
+            s.close()
+        wait_until(lambda: srv.acceptor.refused == 5, "the two pending handshakes to end")
+        peer = channels.connect(srv.address, SECRET, {"role": "data", "from": 2})
+        sock, _, ident = srv.take_one()
+        sock.close()
+        peer.close()
+        assert ident["from"] == 2
+    finally:
+        for s in strangers:
+            s.close()
+        srv.close()
+
+
+# -- the coordinator suspects a silent worker --------------------------------------------------
+
+
+def test_the_coordinator_suspects_a_silent_worker_tells_it_and_has_its_task_killed(tmp_path):
+    killed: list[tuple[int, str]] = []
+    c = Coordinator(
+        1,
+        SECRET,
+        get_mode("none"),
+        "run-1",
+        run_dir=str(tmp_path),
+        failure_timeout_s=0.5,
+        kill_task=lambda task, pid, reason: killed.append((task, reason)),
+    )
+    sock = channels.connect(c.address, SECRET, worker_identity("run-1"))
+    try:
+        register = {"type": "register", "worker": 0, "attempt": 0, "addr": ["127.0.0.1", 4242], "task": 77}
+        sock.sendall(frames.encode(frames.CONTROL, {}, register))
+        # beating for three timeouts: never suspected
+        for _ in range(15):
+            sock.sendall(frames.encode(frames.CONTROL, {}, {"type": "heartbeat", "gen": 0, "read": 1}))
+            time.sleep(0.1)
+        assert c.suspicions == [] and c.failure is None
+        # then silent, as a stopped process is
+        wait_until(lambda: killed, "the kill of the silent worker's task")
+        assert killed[0][0] == 77 and "worker 0" in killed[0][1]
+        assert c.failure is not None and "worker 0" in c.failure and "no heartbeat" in c.failure
+        sock.settimeout(DEADLINE_S)
+        reader = frames.FrameReader()
+        got: list[frames.Frame] = []
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            got.extend(reader.feed(data))
+        kinds = [f.body.get("type") for f in got]
+        # what a zombie reads when it wakes: it was replaced, then the connection ends
+        assert "replaced" in kinds, kinds
+        assert kinds.index("replaced") > kinds.index("peers")
+    finally:
+        sock.close()
+        c.close()
+    with open(tmp_path / "events.jsonl", encoding="utf-8") as f:
+        kinds = [json.loads(line)["event"] for line in f]
+    assert kinds.index("suspected") < kinds.index("worker_lost") < kinds.index("failed")
+
+
+# -- standbys ----------------------------------------------------------------------------------
+
+
+class FakeWorkerConn:
+    """A process's control connection to the coordinator, driven by hand: register, beat on a
+    thread, read what the coordinator says."""
+
+    def __init__(self, c: Coordinator, index: int, attempt: int = 0) -> None:
+        self.sock = channels.connect(c.address, SECRET, worker_identity(c.run_id, index))
+        self.sock.settimeout(DEADLINE_S)
+        self.reader = frames.FrameReader()
+        self.got: list[dict] = []
+        self.beating = threading.Event()
+        self.index = index
+        self.lock = threading.Lock()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def send(self, msg: dict) -> None:
+        with self.lock:
+            self.sock.sendall(frames.encode(frames.CONTROL, {}, msg))
+
+    def register(self, worker: int, attempt: int, task: int) -> None:
+        addr = ["127.0.0.1", 4000 + worker]
+        self.send({"type": "register", "worker": worker, "attempt": attempt, "addr": addr, "task": task})
+        self.beating.set()
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(0.05)
+            if self.beating.is_set():
+                try:
+                    self.send({"type": "heartbeat", "gen": 0, "read": 1})
+                except OSError:
+                    return
+
+    def wait_for(self, kind: str) -> dict:
+        while True:
+            for m in self.got:
+                if m.get("type") == kind:
+                    return m
+            data = self.sock.recv(1 << 16)
+            assert data, f"the coordinator closed the connection before a {kind} message: {self.got}"
+            self.got.extend(f.body for f in self.reader.feed(data))
+
+    def close(self) -> None:
+        self.beating.clear()
+        self.sock.close()
+
+
+def test_a_suspected_worker_is_replaced_by_a_standby_and_its_retry_stands_by(tmp_path):
+    from nosync.options import RunOptions
+
+    killed: list[int] = []
+    c = Coordinator(
+        2,
+        SECRET,
+        get_mode("abs", RunOptions(mode="abs", run_dir=str(tmp_path))),
+        "run-1",
+        run_dir=str(tmp_path),
+        failure_timeout_s=0.5,
+        kill_task=lambda task, pid, reason: killed.append(task),
+        standbys=1,
+    )
+    procs = []
+    try:
+        w0, w1, spare = (FakeWorkerConn(c, i) for i in (0, 1, 2))
+        procs += [w0, w1, spare]
+        w0.register(0, 0, task=10)
+        w1.register(1, 0, task=11)
+        spare.register(2, 0, task=12)  # task index W: a standby
+        assert spare.wait_for("standby") == {"type": "standby"}
+        w0.wait_for("peers")
+        # worker 1 hangs: silent, its connection open
+        w1.beating.clear()
+        promote = spare.wait_for("promote")
+        assert (promote["worker"], promote["attempt"]) == (1, 1)
+        assert killed == [11]
+        spare.register(1, 1, task=12)
+        wait_until(lambda: c.attempts.get(1) == 1, "the promoted standby registered as worker 1, attempt 1")
+        # Spark's retry of worker 1's killed task: worker 1 is taken, so it stands by
+        retry = FakeWorkerConn(c, 1)
+        procs.append(retry)
+        retry.register(1, 1, task=13)
+        assert retry.wait_for("standby") == {"type": "standby"}
+        assert c.attempts == {0: 0, 1: 1} and c.failure is None, c.failure
+        assert [s["task"] for s in c.standbys.values()] == [13]
+        events = list(c.events)
+    finally:
+        c.close()
+        for p in procs:
+            p.close()
+    kinds = [e["event"] for e in events]
+    assert kinds.index("suspected") < kinds.index("promoted")
+    assert [e["worker"] for e in events if e["event"] == "promoted"] == [1]
+
+
+def test_a_retry_whose_attempt_a_promotion_used_is_given_the_next(tmp_path):
+    """A standby was promoted to worker 1 as attempt 1 and then lost too; Spark's retry of
+    worker 1's first task comes with Spark's attempt 1: it is renumbered, 2."""
+    from nosync.options import RunOptions
+
+    c = Coordinator(
+        2,
+        SECRET,
+        get_mode("abs", RunOptions(mode="abs", run_dir=str(tmp_path))),
+        "run-1",
+        run_dir=str(tmp_path),
+        failure_timeout_s=5.0,
+        kill_task=lambda task, pid, reason: None,
+        standbys=1,
+    )
+    procs = []
+    try:
+        w0, w1, spare = (FakeWorkerConn(c, i) for i in (0, 1, 2))
+        procs += [w0, w1, spare]
+        w0.register(0, 0, task=10)
+        w1.register(1, 0, task=11)
+        spare.register(2, 0, task=12)
+        spare.wait_for("standby")
+        w1.close()  # its process died: the connection drops
+        assert spare.wait_for("promote")["attempt"] == 1
+        spare.register(1, 1, task=12)
+        wait_until(lambda: c.attempts.get(1) == 1, "the promoted standby registered")
+        spare.close()  # lost as well, and no standby is left
+        wait_until(lambda: 1 not in c.conns, "the loss of the promoted standby")
+        retry = FakeWorkerConn(c, 1)
+        procs.append(retry)
+        retry.register(1, 1, task=13)
+        assert retry.wait_for("promote") == {"type": "promote", "worker": 1, "attempt": 2}
+        retry.register(1, 2, task=13)
+        wait_until(lambda: c.attempts.get(1) == 2, "the retry registered as attempt 2")
+        assert c.failure is None, c.failure
+    finally:
+        c.close()
+        for p in procs:
+            p.close()

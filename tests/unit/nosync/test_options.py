@@ -63,6 +63,11 @@ def test_every_run_option_is_a_flag_of_run():
         (["--epoch-records", "5", "--epoch-ms", "5"], "--epoch-ms"),
         (["--resume"], "--run-dir"),
         (["--mode", "nosync", "-w", "2", "--replicas", "2"], "--replicas 2"),
+        # below 3 heartbeats: one late beat would make a suspicion
+        (["--failure-timeout-ms", "149"], "--failure-timeout-ms"),
+        (["--failure-timeout-ms", "-5"], "--failure-timeout-ms"),
+        (["--standbys", "-1"], "--standbys"),
+        (["--standbys", "1"], "--standbys 1: mode none does not recover"),
     ],
 )
 def test_run_refuses_bad_options_with_exit_2_before_starting_spark(args, named):
