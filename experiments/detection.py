@@ -1,7 +1,8 @@
 """Experiment `detection`: what the failure-detection timeout buys and costs, per mode.
 
-keyed_count at W = 2, abs's checkpoints and nosync's persistence every 1 s, with the failure
-timeout (`--failure-timeout-ms`) from 250 ms to 30 s. Per mode and timeout, two runs:
+keyed_count at W = 2 with one standby (`--standbys 1`, both modes alike), abs's checkpoints
+and nosync's persistence every 1 s, with the failure timeout (`--failure-timeout-ms`) from
+250 ms to 30 s. Per mode and timeout, two runs:
 
 - a `hang`: worker 1's process stopped (SIGSTOP, never resumed) once 30% of the input is read.
   Measured: how long until the coordinator suspected it, and how long from the stop until the
@@ -54,7 +55,7 @@ well after what it measures."""
 def points(quick: bool) -> list[dict]:
     timeouts = QUICK_TIMEOUTS_MS if quick else TIMEOUTS_MS
     return [
-        {"workers": 2, "keys": KEYS, "interval_ms": INTERVAL_MS, "mode": m, "timeout_ms": t}
+        {"workers": 2, "standbys": 1, "keys": KEYS, "interval_ms": INTERVAL_MS, "mode": m, "timeout_ms": t}
         for m in MODES
         for t in timeouts
     ]
@@ -78,6 +79,7 @@ def _run(spark: Any, d: str, p: dict, records: int, seed: int, progress: Any) ->
         run_dir=d,
         params={**_params(d, records, p["keys"], 0.0, seed), "output": os.path.join(d, "out")},
         failure_timeout_ms=p["timeout_ms"],
+        standbys=p.get("standbys", 0),
         progress=progress,
         **_interval_options(p["mode"], p["interval_ms"], "disk"),
     )
@@ -217,7 +219,7 @@ def measure(spark: Any, d: str, p: dict, seed: int) -> dict:
 
 
 def slots(p: dict) -> int:
-    return p["workers"]
+    return p["workers"] + p.get("standbys", 0)
 
 
 def _throughput_kept(rows: list[dict], mode: str) -> dict[int, float]:
@@ -349,7 +351,8 @@ def table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
 EXPERIMENT = Experiment(
     "detection",
     "The failure-detection timeout: how fast a hang is found, what false suspicions cost",
-    "keyed_count, W = 2, abs's checkpoints and nosync's persistence every 1 s, --failure-timeout-ms from 250 ms "
+    "keyed_count, W = 2 and one standby, abs's checkpoints and nosync's persistence every 1 s, --failure-timeout-ms "
+    "from 250 ms "
     "to 30 s. Per mode and timeout: a run in which worker 1 is stopped for good (SIGSTOP) at 30% of the input, "
     "and a run with GC-like pauses of 0.1-3 s of both workers (the same draws at every timeout) and no failure.",
     points,

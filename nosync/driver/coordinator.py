@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+from nosync.driver.standbys import Standbys
 from nosync.errors import AuthError, FrameError, RunFailed
 from nosync.runtime import channels, control, frames
 from nosync.runtime.dead_letters import DeadLetterFile, dead_letter_path
@@ -45,7 +46,7 @@ PROGRESS_EVENT_S = 0.2
 events.jsonl; only when the sum changed, so an idle or finished run writes none."""
 
 
-class Coordinator:
+class Coordinator(Standbys):
     """The driver's side of a run: the workers' control connections, membership by generation, loss
     detection and the run's events, its loop on a thread of its own."""
 
@@ -71,22 +72,7 @@ class Coordinator:
         self.failure_timeout_s = failure_timeout_s
         self.kill_task = kill_task
         """Called with (task attempt id, pid, reason) for a worker suspected: has it killed."""
-        self.standby_tasks = standbys
-        """Spare tasks the run started (`--standbys`): task indexes W to W + S - 1."""
-        self.standbys: dict[int, dict] = {}
-        """Per standby waiting (an id of its own): its connection, host, task, pid, last beat."""
-        self._next_standby = workers
-        self.promoted: dict[int, channels.Connection] = {}
-        """Per worker, the connection of the standby last promoted to it."""
-        self._promised: dict[channels.Connection, tuple[int, int]] = {}
-        """Connections told to register as (worker, attempt), not registered yet."""
-        self._known: set[channels.Connection] = set()
-        """Connections registered as a worker."""
-        self.max_attempt: dict[int, int] = {}
-        """Per worker, the highest attempt number it registered with or was given."""
-        self.awaiting: set[int] = set()
-        """Workers lost and not registered again yet."""
-        self.promotions: list[dict] = []
+        self._init_standbys(workers, standbys)
         self.listener = channels.listen(host, 0)
         self.address = (host, self.listener.getsockname()[1])
         self.acceptor = channels.Acceptor(self.listener, secret, "nosync-coordinator")
@@ -327,13 +313,7 @@ class Coordinator:
                         log.exception("coordinator: handling %s from worker %s", type(msg).__name__, w)
                         self.fail(f"coordinator error on a message of worker {w}: {type(e).__name__}: {e}")
             now = time.monotonic()
-            for sid, info in list(self.standbys.items()):
-                if now - info["beat"] > self.failure_timeout_s and not self.finished:
-                    self._sel.unregister(info["conn"].sock)
-                    info["conn"].close()
-                    self._standby_lost(sid, f"no heartbeat for {now - info['beat']:.1f} s")
-                    if self.kill_task is not None and info["task"] >= 0:
-                        self.kill_task(info["task"], info["pid"], f"nosync: standby {sid} suspected")
+            self._check_standbys(now)
             for w, t in list(self.last_beat.items()):
                 if w not in self.done and now - t > self.failure_timeout_s and not self.finished:
                     conn = self.conns.get(w)
@@ -387,77 +367,6 @@ class Coordinator:
         if self.kill_task is not None and task >= 0 and not self.finished:
             self.kill_task(task, self.pids.get(w, 0), f"nosync: worker {w} (attempt {attempt}) suspected: {reason}")
         self._lost(w, conn, reason)
-
-    # -- standbys ------------------------------------------------------------------
-
-    def _stand_by(self, conn: channels.Connection, msg: control.Register) -> None:
-        """Takes the process on `conn` as a standby: a spare task, or Spark's retry of a worker
-        a standby already replaced. It is promoted at once if a worker waits for one."""
-        sid = self._next_standby
-        self._next_standby += 1
-        self.standbys[sid] = {
-            "conn": conn,
-            "host": msg.addr[0],
-            "task": msg.task,
-            "pid": msg.pid,
-            "beat": time.monotonic(),
-        }
-        self._sel.modify(conn.sock, selectors.EVENT_READ, ("standby", sid, conn))
-        self.event("standby", standby=sid, host=msg.addr[0], pid=msg.pid, task_index=msg.worker)
-        if self.finished:
-            self._send(conn, control.Finish())
-            return
-        self._send(conn, control.Standby())
-        for w in sorted(self.awaiting):
-            if w not in self.conns and not self._held(w, None):
-                self._replace(w)
-                break
-
-    def _handle_standby(self, sid: int, msg: control.Message) -> None:
-        info = self.standbys.get(sid)
-        if info is None:
-            return
-        match msg:
-            case control.Heartbeat():
-                info["beat"] = time.monotonic()
-            case control.Error(message=message):
-                self.event("standby_failed", standby=sid, reason=message)
-            case _:
-                pass  # a standby has nothing else to say
-
-    def _standby_lost(self, sid: int, reason: str) -> None:
-        """A standby whose connection dropped or who went silent: Spark retries its task,
-        which comes back a standby."""
-        if self.standbys.pop(sid, None) is not None:
-            self.event("standby_lost", standby=sid, reason=reason)
-
-    def _held(self, w: int, conn: channels.Connection | None) -> bool:
-        """Whether a standby other than `conn` was promoted to worker `w` and is alive."""
-        c = self.promoted.get(w)
-        return c is not None and c is not conn and not c.closed and (self.conns.get(w) is c or c in self._promised)
-
-    def _replace(self, w: int) -> None:
-        """Promotes a standby to worker `w`, lost: one on another host than the lost attempt's
-        where there is one. Without a standby, Spark's retry of the task is waited for."""
-        if not self.standbys or self.failure is not None or self.finished:
-            return
-        lost_host = self.addresses.get(w, [None])[0]
-        sid = min(self.standbys, key=lambda k: (self.standbys[k]["host"] == lost_host, k))
-        info = self.standbys.pop(sid)
-        conn = info["conn"]
-        attempt = self.max_attempt.get(w, -1) + 1
-        self.max_attempt[w] = attempt
-        self._promised[conn] = (w, attempt)
-        self.promoted[w] = conn
-        self._sel.modify(conn.sock, selectors.EVENT_READ, ("worker", w, conn))
-        self.promotions.append({"t": time.time(), "worker": w, "attempt": attempt, "host": info["host"]})
-        self.event("promoted", worker=w, attempt=attempt, standby=sid, host=info["host"], pid=info["pid"])
-        self._send(conn, control.Promote(w, attempt))
-
-    def _promise_broken(self, w: int, conn: channels.Connection) -> None:
-        """A standby promoted to `w` went away before it registered: another one is promoted."""
-        if self._promised.pop(conn, None) is not None and w in self.awaiting:
-            self._replace(w)
 
     def _lost(self, w: int, conn: channels.Connection, reason: str, replace: bool = True) -> None:
         """Worker `w`'s attempt on `conn` is gone: the mode decides what follows, and a
@@ -567,25 +476,8 @@ class Coordinator:
         return out
 
     def _register(self, w: int, conn: channels.Connection, msg: control.Register) -> None:
-        promised = self._promised.pop(conn, None)
-        if promised is None and conn not in self._known:
-            # a new process: a spare task, Spark's retry of a worker a standby replaced, or a
-            # retry whose attempt number a promotion used already
-            if w >= self.workers or self._held(w, conn):
-                self._stand_by(conn, msg)
-                return
-            if msg.attempt <= self.max_attempt.get(w, -1):
-                attempt = self.max_attempt[w] + 1
-                self.max_attempt[w] = attempt
-                self._promised[conn] = (w, attempt)
-                self._send(conn, control.Promote(w, attempt))
-                return
-        elif promised is not None and promised != (w, msg.attempt):
-            self.fail(f"worker {w} registered as attempt {msg.attempt}, not as the {promised} it was given")
+        if not self._admit(w, conn, msg):
             return
-        self._known.add(conn)
-        self.max_attempt[w] = max(self.max_attempt.get(w, -1), msg.attempt)
-        self.awaiting.discard(w)
         attempt = msg.attempt
         gen = msg.gen
         prev = self.conns.get(w)

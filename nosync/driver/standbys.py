@@ -1,0 +1,145 @@
+"""The standbys half of the coordinator (`--standbys S`).
+
+S spare tasks start with the run (Spark's task indexes W to W + S - 1). Each registers, holds no
+partition and waits, beating. When a worker is lost or suspected, its index goes at once to a
+standby (`Promote`), on another host than the lost attempt's where there is one: it registers
+as that worker with the next attempt number and restores it as Spark's retry would. Spark's
+retry of the killed task, when it comes, finds the index taken and stands by in its place.
+
+The coordinator numbers attempts: a process that registers with an attempt a promotion already
+used (Spark counts its own) is given the next one, so a restart is always attempt > 0 and
+newer than every earlier attempt of that worker, whichever process runs it.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+
+from nosync.runtime import channels, control
+
+
+class Standbys:
+    """The standbys half of `Coordinator` (`nosync.driver.coordinator`), which holds their state."""
+
+    def _init_standbys(self, workers: int, standbys: int) -> None:
+        self.standby_tasks = standbys
+        """Spare tasks the run started (`--standbys`): task indexes W to W + S - 1."""
+        self.standbys: dict[int, dict] = {}
+        """Per standby waiting (an id of its own): its connection, host, task, pid, last beat."""
+        self._next_standby = workers
+        self.promoted: dict[int, channels.Connection] = {}
+        """Per worker, the connection of the standby last promoted to it."""
+        self._promised: dict[channels.Connection, tuple[int, int]] = {}
+        """Connections told to register as (worker, attempt), not registered yet."""
+        self._known: set[channels.Connection] = set()
+        """Connections registered as a worker."""
+        self.max_attempt: dict[int, int] = {}
+        """Per worker, the highest attempt number it registered with or was given."""
+        self.awaiting: set[int] = set()
+        """Workers lost and not registered again yet."""
+        self.promotions: list[dict] = []
+
+    def _admit(self, w: int, conn: channels.Connection, msg: control.Register) -> bool:
+        """Whether the registration `msg` on `conn` goes on as worker `w`'s. A new process may
+        instead be a standby (a spare task, or Spark's retry of a worker a standby replaced) or
+        have its attempt renumbered (one a promotion used already): then it is told so, and
+        False."""
+        promised = self._promised.pop(conn, None)
+        if promised is None and conn not in self._known:
+            if w >= self.workers or self._held(w, conn):
+                self._stand_by(conn, msg)
+                return False
+            if msg.attempt <= self.max_attempt.get(w, -1):
+                attempt = self.max_attempt[w] + 1
+                self.max_attempt[w] = attempt
+                self._promised[conn] = (w, attempt)
+                self._send(conn, control.Promote(w, attempt))
+                return False
+        elif promised is not None and promised != (w, msg.attempt):
+            self.fail(f"worker {w} registered as attempt {msg.attempt}, not as the {promised} it was given")
+            return False
+        self._known.add(conn)
+        self.max_attempt[w] = max(self.max_attempt.get(w, -1), msg.attempt)
+        self.awaiting.discard(w)
+        return True
+
+    def _check_standbys(self, now: float) -> None:
+        """A standby silent past the failure timeout is dropped, and its task killed (Spark's
+        retry of it comes back a standby)."""
+        for sid, info in list(self.standbys.items()):
+            if now - info["beat"] > self.failure_timeout_s and not self.finished:
+                self._sel.unregister(info["conn"].sock)
+                info["conn"].close()
+                self._standby_lost(sid, f"no heartbeat for {now - info['beat']:.1f} s")
+                if self.kill_task is not None and info["task"] >= 0:
+                    self.kill_task(info["task"], info["pid"], f"nosync: standby {sid} suspected")
+
+    def _stand_by(self, conn: channels.Connection, msg: control.Register) -> None:
+        """Takes the process on `conn` as a standby: a spare task, or Spark's retry of a worker
+        a standby already replaced. It is promoted at once if a worker waits for one."""
+        sid = self._next_standby
+        self._next_standby += 1
+        self.standbys[sid] = {
+            "conn": conn,
+            "host": msg.addr[0],
+            "task": msg.task,
+            "pid": msg.pid,
+            "beat": time.monotonic(),
+        }
+        self._sel.modify(conn.sock, selectors.EVENT_READ, ("standby", sid, conn))
+        self.event("standby", standby=sid, host=msg.addr[0], pid=msg.pid, task_index=msg.worker)
+        if self.finished:
+            self._send(conn, control.Finish())
+            return
+        self._send(conn, control.Standby())
+        for w in sorted(self.awaiting):
+            if w not in self.conns and not self._held(w, None):
+                self._replace(w)
+                break
+
+    def _handle_standby(self, sid: int, msg: control.Message) -> None:
+        info = self.standbys.get(sid)
+        if info is None:
+            return
+        match msg:
+            case control.Heartbeat():
+                info["beat"] = time.monotonic()
+            case control.Error(message=message):
+                self.event("standby_failed", standby=sid, reason=message)
+            case _:
+                pass  # a standby has nothing else to say
+
+    def _standby_lost(self, sid: int, reason: str) -> None:
+        """A standby whose connection dropped or who went silent: Spark retries its task,
+        which comes back a standby."""
+        if self.standbys.pop(sid, None) is not None:
+            self.event("standby_lost", standby=sid, reason=reason)
+
+    def _held(self, w: int, conn: channels.Connection | None) -> bool:
+        """Whether a standby other than `conn` was promoted to worker `w` and is alive."""
+        c = self.promoted.get(w)
+        return c is not None and c is not conn and not c.closed and (self.conns.get(w) is c or c in self._promised)
+
+    def _replace(self, w: int) -> None:
+        """Promotes a standby to worker `w`, lost: one on another host than the lost attempt's
+        where there is one. Without a standby, Spark's retry of the task is waited for."""
+        if not self.standbys or self.failure is not None or self.finished:
+            return
+        lost_host = self.addresses.get(w, [None])[0]
+        sid = min(self.standbys, key=lambda k: (self.standbys[k]["host"] == lost_host, k))
+        info = self.standbys.pop(sid)
+        conn = info["conn"]
+        attempt = self.max_attempt.get(w, -1) + 1
+        self.max_attempt[w] = attempt
+        self._promised[conn] = (w, attempt)
+        self.promoted[w] = conn
+        self._sel.modify(conn.sock, selectors.EVENT_READ, ("worker", w, conn))
+        self.promotions.append({"t": time.time(), "worker": w, "attempt": attempt, "host": info["host"]})
+        self.event("promoted", worker=w, attempt=attempt, standby=sid, host=info["host"], pid=info["pid"])
+        self._send(conn, control.Promote(w, attempt))
+
+    def _promise_broken(self, w: int, conn: channels.Connection) -> None:
+        """A standby promoted to `w` went away before it registered: another one is promoted."""
+        if self._promised.pop(conn, None) is not None and w in self.awaiting:
+            self._replace(w)
