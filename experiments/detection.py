@@ -257,8 +257,12 @@ def figure(rows: list[dict], path: str) -> None:
             n = fs.get((x,))
             if n is not None and n[0]:
                 ax2.annotate(f"{n[0]:.0f}", (x / 1000, kept[x]), textcoords="offset points", xytext=(4, -10))
+    ticks = sorted({r["timeout_ms"] for r in rows})
     for ax in (ax1, ax2):
         ax.set_xscale("log")
+        ax.set_xticks([t / 1000 for t in ticks])
+        ax.set_xticklabels([f"{t / 1000:g}" for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("failure timeout (s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -310,10 +314,20 @@ def reading(rows: list[dict]) -> list[str]:
         a = sel["abs"].get((b_abs[0],), (None,))[0]
         n = sel["nosync"].get((b_nosync[0],), (None,))[0]
         if a is not None and n is not None:
+            if b_nosync[0] < b_abs[0]:
+                why = (
+                    f"nosync affords a shorter timeout than abs ({b_nosync[0]} against {b_abs[0]} ms), as the "
+                    "poster's claim (recovery ~10 s faster than Flink) argues: its false suspicions cost less"
+                )
+            else:
+                why = (
+                    f"the claim's premise does not show here: abs is best at a timeout as short as nosync's "
+                    f"({b_abs[0]} and {b_nosync[0]} ms), its false suspicions costing no more than nosync's on this "
+                    "workload, so nosync's gain is only its faster recovery at the same timeout"
+                )
             out.append(
                 f"Each at its best timeout, a hang costs abs {fmt(a)} s and nosync {fmt(n)} s to get back to 90%: "
-                f"nosync is {fmt(a - n)} s faster (the poster's claim: about 10 s faster than Flink, whose default "
-                "heartbeat timeout is 50 s)."
+                f"{why}."
             )
     return out
 
