@@ -33,6 +33,7 @@ from experiments.chaos import Progress
 from experiments.common import agg, fmt, mean_sd, pyplot, save
 from experiments.harness import Experiment
 from experiments.measure import KEYED_COUNT, _interval_options, _params
+from nosync.driver.metrics import read_rate
 
 MODES = ("abs", "nosync")
 TIMEOUTS_MS = (250, 500, 1000, 2000, 5000, 10_000, 30_000)
@@ -59,13 +60,6 @@ def points(quick: bool) -> list[dict]:
         for m in MODES
         for t in timeouts
     ]
-
-
-def _rate(samples: list[tuple[float, int]], t0: float, t1: float) -> float | None:
-    inside = [(t, r) for t, r in samples if t0 <= t <= t1]
-    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-        return None
-    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 def _run(spark: Any, d: str, p: dict, records: int, seed: int, progress: Any) -> dict:
@@ -121,14 +115,14 @@ def hang(spark: Any, d: str, p: dict, seed: int) -> dict:
         at = stopped["at"]
         suspected = [e["t"] for e in events.seen if e["event"] == "suspected" and e["t"] >= at]
         lost = [e["t"] for e in events.seen if e["event"] == "worker_lost" and e["t"] >= at]
-        before = _rate(samples, at - 3.0, at)
+        before = read_rate(samples, at - 3.0, at)
         back = None
         start = lost[0] if lost else at
         if before:
             for t, _ in samples:
                 if t < start:
                     continue
-                now = _rate(samples, t, t + 1.0)
+                now = read_rate(samples, t, t + 1.0)
                 if now is not None and now >= 0.9 * before:
                     back = t - at
                     break

@@ -68,6 +68,15 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000
 
 
+def read_rate(points: list[tuple[float, int]], t0: float, t1: float) -> float | None:
+    """Records read per second between the first and last of `points` (time, records read so
+    far) inside [t0, t1]; None with fewer than two there."""
+    inside = [(t, r) for t, r in points if t0 <= t <= t1]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
 def add_recovery_times(
     recoveries: list[dict], samples: list[dict], launched: float, per_worker: list[dict] | None = None
 ) -> None:
@@ -79,16 +88,9 @@ def add_recovery_times(
     one or every one in a rollback, once it has redone its work."""
     _add_caught_up(recoveries, per_worker or [])
     pts = [(s["t"], s["read"]) for s in samples]
-
-    def rate(t0: float, t1: float) -> float | None:
-        inside = [(t, r) for t, r in pts if t0 <= t <= t1]
-        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-            return None
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-
     for r in recoveries:
         lost = r["lost_at"] - launched
-        before = rate(lost - 3.0, lost)
+        before = read_rate(pts, lost - 3.0, lost)
         r["back_to_90_s"] = None
         if not before or "restored_at" not in r:
             continue
@@ -96,7 +98,7 @@ def add_recovery_times(
         for t, _ in pts:
             if t < start:
                 continue
-            now = rate(t, t + 1.0)
+            now = read_rate(pts, t, t + 1.0)
             if now is not None and now >= 0.9 * before:
                 r["back_to_90_s"] = t - lost
                 break

@@ -573,27 +573,33 @@ class FakeWorkerConn:
         self.sock.close()
 
 
-def test_a_suspected_worker_is_replaced_by_a_standby_and_its_retry_stands_by(tmp_path):
+def with_a_standby(tmp_path, failure_timeout_s: float, kill_task) -> tuple:
+    """A coordinator of an abs run at W = 2 with one standby, and the processes of workers 0
+    and 1 (tasks 10, 11) and of the standby (task index W, task 12), registered."""
     from nosync.options import RunOptions
 
-    killed: list[int] = []
     c = Coordinator(
         2,
         SECRET,
         get_mode("abs", RunOptions(mode="abs", run_dir=str(tmp_path))),
         "run-1",
         run_dir=str(tmp_path),
-        failure_timeout_s=0.5,
-        kill_task=lambda task, pid, reason: killed.append(task),
+        failure_timeout_s=failure_timeout_s,
+        kill_task=kill_task,
         standbys=1,
     )
-    procs = []
+    w0, w1, spare = (FakeWorkerConn(c, i) for i in (0, 1, 2))
+    w0.register(0, 0, task=10)
+    w1.register(1, 0, task=11)
+    spare.register(2, 0, task=12)
+    return c, w0, w1, spare
+
+
+def test_a_suspected_worker_is_replaced_by_a_standby_and_its_retry_stands_by(tmp_path):
+    killed: list[int] = []
+    c, w0, w1, spare = with_a_standby(tmp_path, 0.5, lambda task, pid, reason: killed.append(task))
+    procs = [w0, w1, spare]
     try:
-        w0, w1, spare = (FakeWorkerConn(c, i) for i in (0, 1, 2))
-        procs += [w0, w1, spare]
-        w0.register(0, 0, task=10)
-        w1.register(1, 0, task=11)
-        spare.register(2, 0, task=12)  # task index W: a standby
         assert spare.wait_for("standby") == {"type": "standby"}
         w0.wait_for("peers")
         # worker 1 hangs: silent, its connection open
@@ -623,25 +629,9 @@ def test_a_suspected_worker_is_replaced_by_a_standby_and_its_retry_stands_by(tmp
 def test_a_retry_whose_attempt_a_promotion_used_is_given_the_next(tmp_path):
     """A standby was promoted to worker 1 as attempt 1 and then lost too; Spark's retry of
     worker 1's first task comes with Spark's attempt 1: it is renumbered, 2."""
-    from nosync.options import RunOptions
-
-    c = Coordinator(
-        2,
-        SECRET,
-        get_mode("abs", RunOptions(mode="abs", run_dir=str(tmp_path))),
-        "run-1",
-        run_dir=str(tmp_path),
-        failure_timeout_s=5.0,
-        kill_task=lambda task, pid, reason: None,
-        standbys=1,
-    )
-    procs = []
+    c, w0, w1, spare = with_a_standby(tmp_path, 5.0, lambda task, pid, reason: None)
+    procs = [w0, w1, spare]
     try:
-        w0, w1, spare = (FakeWorkerConn(c, i) for i in (0, 1, 2))
-        procs += [w0, w1, spare]
-        w0.register(0, 0, task=10)
-        w1.register(1, 0, task=11)
-        spare.register(2, 0, task=12)
         spare.wait_for("standby")
         w1.close()  # its process died: the connection drops
         assert spare.wait_for("promote")["attempt"] == 1
