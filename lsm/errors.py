@@ -71,5 +71,11 @@ class PersistError(LsmError):
         self.cause = cause
 
 
+class FencedError(LsmError, PermissionError):
+    """A write to the remote tier refused by the tier's fence (`RemoteTier.fence`): the writer
+    may no longer change the tier (a process that was replaced by another). The persister
+    counts it as a failed step and tries again; nothing durable is lost."""
+
+
 class StoreClosedError(LsmError):
     """The store was closed (or abandoned by a simulated crash)."""

@@ -12,13 +12,17 @@ Two kinds of file, both immutable once written (FORMAT.md has the schemas):
   written by compaction so that the log segments at or below `seq` can be deleted.
 
 A file is written under a temporary name and then moved into place, so a listing never shows
-half a segment. `durable("remote")` is the highest seq up to which base + segments leave no gap.
+half a segment. Every write and delete first asks the tier's `fence`, if it has one: a writer
+that may no longer change the tier (its process was replaced by another that writes it now) is
+refused with FencedError before it touches anything. `durable("remote")` is the highest seq up
+to which base + segments leave no gap.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -26,7 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import xxhash
 
-from lsm.errors import CorruptLogError, FormatVersionError
+from lsm.errors import CorruptLogError, FencedError, FormatVersionError
 from lsm.records import FORMAT_VERSION, SEQ, Record
 
 _LOG_RE = re.compile(r"^log-(\d{20})-(\d{20})\.arrow$")
@@ -75,11 +79,18 @@ class RemoteTier:
         self.uri = uri
         self.fs, self.root = resolve(uri)
         self.fs.create_dir(self.root, recursive=True)
+        self.fence: Callable[[], str | None] | None = None
+        """Asked before every write and delete: None lets it through, a reason refuses it."""
         self.files: list[RemoteFile] = []
         self.refresh()
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
+
+    def _may_write(self) -> None:
+        why = self.fence() if self.fence is not None else None
+        if why is not None:
+            raise FencedError(f"{self.uri}: write refused: {why}")
 
     def refresh(self) -> None:
         """Lists the tier; leftover temporary files of an interrupted upload are removed."""
@@ -133,6 +144,7 @@ class RemoteTier:
         )
         end = records[-1].seq
         name = f"log-{start:020d}-{end:020d}.arrow"
+        self._may_write()
         write_table(self.fs, self._path(name), table)
         f = RemoteFile(name, start, end, False)
         self._add(f)
@@ -179,6 +191,7 @@ class RemoteTier:
             schema=schema,
         )
         name = f"base-{seq:020d}.arrow"
+        self._may_write()
         write_table(self.fs, self._path(name), table)
         f = RemoteFile(name, -1, seq, True)
         self._add(f)
@@ -200,6 +213,7 @@ class RemoteTier:
 
     def delete(self, f: RemoteFile) -> None:
         """Deletes a file of the tier and drops it from the list."""
+        self._may_write()
         self.fs.delete_file(self._path(f.name))
         self.files = [x for x in self.files if x.name != f.name]
 
@@ -213,6 +227,7 @@ class RemoteTier:
         segments left, and the persister uploads a new base image where the local log cannot
         fill the gap. The tier then claims no seq it holds no batch for.
         """
+        self._may_write()
         gone = [f for f in self.files if f.last > seq]
         for f in gone:
             if not f.base and f.first <= seq:

@@ -98,6 +98,14 @@ class RunOptions:
         "A worker silent this long is suspected: taken for lost, and its task killed through Spark (at least 3 "
         f"heartbeats of {HEARTBEAT_MS} ms).",
     )
+    suspect_kill: str = _opt(
+        "process",
+        "How a suspected worker is ended: 'process' kills its process at once when the run is embedded (its "
+        "executors are processes of this host) and asks Spark to kill its task attempt; 'spark' only asks Spark, "
+        "as on a cluster, where a process that only paused may wake before Spark's kill reaches it (a zombie, "
+        "fenced: it commits and writes nothing).",
+        choices=("process", "spark"),
+    )
     persist_ms: int = _opt(
         200,
         "nosync: how often each worker snapshots its state at most (alone, no barrier); the budget stretches it.",

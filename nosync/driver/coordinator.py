@@ -87,6 +87,9 @@ class Coordinator(Standbys):
         """The longest a live worker went between two messages that count as beats."""
         self.suspicions: list[dict] = []
         """Per suspicion: the worker, its attempt, how long it had been silent."""
+        self.zombies: dict[channels.Connection, dict] = {}
+        """The replaced attempts' connections, still read: what each said if it woke (`Zombie`),
+        and whether its connection ended."""
         self.last_beat: dict[int, float] = {}
         self.counters: dict[int, dict] = {}
         self.done: dict[int, dict] = {}
@@ -248,7 +251,7 @@ class Coordinator(Standbys):
         try:
             self.mode.close(self)
         finally:
-            for c in [*self.conns.values(), *(info["conn"] for info in self.standbys.values())]:
+            for c in [*self.conns.values(), *(info["conn"] for info in self.standbys.values()), *self.zombies]:
                 c.close()
             self.acceptor.close()
             self._sel.close()
@@ -287,6 +290,9 @@ class Coordinator(Standbys):
                     self._accept()
                     continue
                 kind, w, conn = key.data
+                if kind == "zombie":
+                    self._read_zombie(conn)
+                    continue
                 try:
                     got = conn.receive()
                 except (FrameError, ConnectionError) as e:
@@ -359,14 +365,49 @@ class Coordinator(Standbys):
         reason = f"no heartbeat for {silent_s:.1f} s (--failure-timeout-ms {self.failure_timeout_s * 1000:.0f})"
         # read by the process if it ever wakes: it stops instead of going on as a zombie
         self._send(conn, control.Replaced(reason))
-        conn.close()
         attempt = self.attempts.get(w, 0)
         task = self.tasks.get(w, -1)
+        # its connection is still read: a process that wakes says what its fence refused
+        self.zombies[conn] = {"worker": w, "attempt": attempt, "woke": False, "commits": 0, "writes": 0, "gone": False}
+        self._sel.register(conn.sock, selectors.EVENT_READ, ("zombie", w, conn))
         self.suspicions.append({"t": time.time(), "worker": w, "attempt": attempt, "silent_s": silent_s})
         self.event("suspected", worker=w, attempt=attempt, task=task, silent_s=round(silent_s, 3))
         if self.kill_task is not None and task >= 0 and not self.finished:
             self.kill_task(task, self.pids.get(w, 0), f"nosync: worker {w} (attempt {attempt}) suspected: {reason}")
         self._lost(w, conn, reason)
+
+    def _read_zombie(self, conn: channels.Connection) -> None:
+        """What a replaced attempt sent: its `Zombie` report once it read `Replaced` (anything
+        else, a beat sent as it woke, changes nothing); its connection's end is its exit."""
+        z = self.zombies[conn]
+        try:
+            got = conn.receive()
+        except (FrameError, ConnectionError):
+            got = None
+        for f in got or ():
+            try:
+                msg = control.from_wire(f.body)
+            except FrameError:
+                continue
+            if isinstance(msg, control.Zombie):
+                z.update(woke=True, commits=msg.commits, writes=msg.writes)
+                self.event("zombie", worker=z["worker"], attempt=z["attempt"], commits=msg.commits, writes=msg.writes)
+        if got is None:
+            self._sel.unregister(conn.sock)
+            conn.close()
+            z["gone"] = True
+
+    def fencing(self) -> dict:
+        """The run's replaced attempts: how many there were, how many woke (they read that they
+        were replaced), what their fences refused, and how many have ended."""
+        zs = list(self.zombies.values())
+        return {
+            "zombies": len(zs),
+            "zombies_woke": sum(z["woke"] for z in zs),
+            "zombie_commits_refused": sum(z["commits"] for z in zs),
+            "zombie_writes_refused": sum(z["writes"] for z in zs),
+            "zombies_gone": sum(z["gone"] for z in zs),
+        }
 
     def _lost(self, w: int, conn: channels.Connection, reason: str, replace: bool = True) -> None:
         """Worker `w`'s attempt on `conn` is gone: the mode decides what follows, and a
@@ -409,6 +450,9 @@ class Coordinator(Standbys):
                 if prev is not None and now - prev > self.longest_silence_s:
                     self.longest_silence_s = now - prev
                 self.last_beat[w] = now
+                if msg.beat >= 0:
+                    # the worker's lease: it may commit for a while from when it sent this beat
+                    conn.send(frames.encode(frames.CONTROL, {}, control.to_wire(control.Lease(msg.beat))))
                 with self._lock:
                     self.counters[w] = self._counted(w, {**counters, "gen": msg.gen})
                     if self.first_record_at is None and counters.get("read"):

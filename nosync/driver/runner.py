@@ -151,7 +151,11 @@ def run(
             run_dir=run_dir,
             max_restarts=opts.max_restarts,
             failure_timeout_s=opts.failure_timeout_ms / 1000,
-            kill_task=partial(kill_task_attempt, spark.sparkContext, is_embedded(spark.sparkContext.master)),
+            kill_task=partial(
+                kill_task_attempt,
+                spark.sparkContext,
+                is_embedded(spark.sparkContext.master) and opts.suspect_kill == "process",
+            ),
             standbys=opts.standbys,
         )
         coord.event("coordinator", address=list(coord.address))
@@ -263,6 +267,11 @@ def run(
         # the workers' own refusals too (strangers at their data listeners)
         summary["refused_connections"] += sum(
             int(d["metrics"].get("refused_connections") or 0) for d in coord.done.values()
+        )
+        # replaced attempts, what their fences refused, and their connections the others refused
+        summary.update(coord.fencing())
+        summary["zombie_connections_refused"] = sum(
+            int(d["metrics"].get("zombie_connections_refused") or 0) for d in coord.done.values()
         )
         summary["records_per_s"] = summary["records_read"] / info["processing_s"]
         summary["generations"] = coord.gen + 1

@@ -344,10 +344,11 @@ class AbsHooks(WorkerHooks):
         }
 
     def close(self, worker: Worker) -> None:
-        """Closes the keyed stores (an error closing one is logged, not raised)."""
+        """Closes the keyed stores (an error closing one is logged, not raised); a replaced
+        attempt abandons them (its replacement restores from the checkpoint)."""
         for s in self.stores.values():
             try:
-                s.close()
+                s.abandon() if worker.replaced else s.close()
             except Exception:  # noqa: BLE001 - closing after a failure must not hide it
                 log.exception("closing %s", s.path)
         self.stores = {}

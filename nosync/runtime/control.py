@@ -6,9 +6,11 @@ its counters), hands over a record its sources could not read (`DeadLetter`: the
 the run's dead letters), reports the end of its input (`Done`) or why it stops (`Error`). The coordinator
 sends the peers of a generation (`Peers`), moves everyone to a new one (`Rejoin`), holds a
 generation back (`Hold`), ends the run (`Finish`) or aborts it (`Abort`), and tells a worker it
-suspected that it was replaced (`Replaced`). A spare process is told it stands by (`Standby`),
-and later which worker it becomes (`Promote`). A mode's own messages
-travel both ways as `ModeMessage`: its operation (each mode names its operations in an enum)
+suspected that it was replaced (`Replaced`). It answers every beat with a `Lease`: the worker
+may commit only while the beat it last heard answered is recent (`Links.fence`). A replaced
+process that wakes reports what it refused (`Zombie`) and stops. A spare process is told it
+stands by (`Standby`), and later which worker it becomes (`Promote`). A mode's own messages travel
+both ways as `ModeMessage`: its operation (each mode names its operations in an enum)
 and a map of what goes with it."""
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Kind(StrEnum):
     REPLACED = "replaced"
     STANDBY = "standby"
     PROMOTE = "promote"
+    LEASE = "lease"
+    ZOMBIE = "zombie"
     MODE = "mode"
 
 
@@ -65,10 +69,12 @@ class Ready:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """The worker is alive in generation `gen`; `counters`: what it read and committed so far."""
+    """The worker is alive in generation `gen`; `counters`: what it read and committed so far;
+    `beat`: its number, which the coordinator's `Lease` names (-1: none asked for)."""
 
     gen: int
     counters: dict = field(default_factory=dict)
+    beat: int = -1
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,24 @@ class Replaced:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """The coordinator heard beat `beat` of this attempt: it suspects it no sooner than the
+    failure timeout after that beat was sent."""
+
+    beat: int
+
+
+@dataclass(frozen=True)
+class Zombie:
+    """A replaced attempt that woke (it read `Replaced`) says what its fence refused meanwhile
+    (`Links.fence`): commits of its sinks (`commits`) and writes to the shared tier (`writes`),
+    before it stops."""
+
+    commits: int = 0
+    writes: int = 0
+
+
+@dataclass(frozen=True)
 class Standby:
     """This process holds no partition: it waits, beating, until it is promoted or the run
     ends (a spare task of `--standbys`, or Spark's retry of a worker a standby replaced)."""
@@ -184,6 +208,8 @@ Message = (
     | Replaced
     | Standby
     | Promote
+    | Lease
+    | Zombie
     | ModeMessage
 )
 
@@ -202,6 +228,8 @@ _KINDS: dict[type, Kind] = {
     Replaced: Kind.REPLACED,
     Standby: Kind.STANDBY,
     Promote: Kind.PROMOTE,
+    Lease: Kind.LEASE,
+    Zombie: Kind.ZOMBIE,
     ModeMessage: Kind.MODE,
 }
 
@@ -215,7 +243,7 @@ def to_wire(msg: Message) -> dict:
     """The msgpack map of `msg`."""
     kind = _KINDS[type(msg)]
     if isinstance(msg, Heartbeat):
-        return {**msg.counters, "type": kind.value, "gen": msg.gen}
+        return {**msg.counters, "type": kind.value, "gen": msg.gen, "beat": msg.beat}
     if isinstance(msg, Peers):
         return {**msg.extra, "type": kind.value, "gen": msg.gen, "addresses": msg.addresses}
     if isinstance(msg, ModeMessage):
@@ -235,7 +263,8 @@ def from_wire(d: Any) -> Message:
     try:
         if kind is Kind.HEARTBEAT:
             gen = rest.pop("gen")
-            return Heartbeat(int(gen), rest)
+            beat = rest.pop("beat", -1)
+            return Heartbeat(int(gen), rest, int(beat))
         if kind is Kind.PEERS:
             return Peers(int(rest.pop("gen")), list(rest.pop("addresses")), rest)
         if kind is Kind.MODE:

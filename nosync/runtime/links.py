@@ -18,6 +18,13 @@ from nosync.runtime import channels, control, frames
 log = logging.getLogger("nosync.worker")
 
 HEARTBEAT_S = HEARTBEAT_MS / 1000
+LEASE_SHARE = 0.75
+"""A worker commits only within this share of the failure timeout after sending the last beat
+the coordinator answered (`Links.fence`): the coordinator suspects it no sooner than the whole
+timeout after that beat, and the rest is a margin for clocks that run at slightly different
+rates."""
+BEATS_KEPT = 256
+"""Send times of the latest beats kept to match the coordinator's answers (`Lease`)."""
 SETUP_TIMEOUT_S = 120.0
 CONNECT_S = 20.0
 """How long a worker tries to reach the coordinator before it gives up and says so: well
@@ -57,6 +64,17 @@ class Links:
         self._ctrl_lock = threading.Lock()
         self._last_beat_sent = 0.0
         self._progress: dict = self.counters()
+        self._beat_no = 0
+        self._beats_sent: dict[int, float] = {}
+        self._lease_from = -float("inf")
+        self.lease_s = self.hooks.options.failure_timeout_ms / 1000 * LEASE_SHARE
+        self.refused = {"commits": 0, "writes": 0}
+        """What this attempt refused to do because its lease had lapsed (`fence`), or to take
+        reported if it learns it was replaced."""
+        self.fenced_attempts: dict[int, int] = {}
+        """Per peer, its newest attempt the coordinator said was lost: a connection from it or
+        an earlier one is refused (`zombie_connections`), as one of an earlier generation is."""
+        self.zombie_connections = 0
         self._send_register(-1)
         self._beats_stop = threading.Event()
         self._beats = threading.Thread(target=self._beat, name=f"nosync-w{self.index}-heartbeat", daemon=True)
@@ -81,7 +99,39 @@ class Links:
                     return  # the loop finds the coordinator gone
 
     def _heartbeat(self) -> control.Heartbeat:
-        return control.Heartbeat(self.gen, self._progress)
+        """The next beat, its send time noted. REQUIRES: `_ctrl_lock` held, and the beat sent."""
+        self._beat_no += 1
+        sent = self._beats_sent
+        sent[self._beat_no] = time.monotonic()
+        if len(sent) > BEATS_KEPT:
+            del sent[next(iter(sent))]
+        return control.Heartbeat(self.gen, self._progress, self._beat_no)
+
+    def _leased(self, beat: int) -> None:
+        """The coordinator heard beat `beat`: the lease runs from when it was sent."""
+        t = self._beats_sent.get(beat)
+        if t is not None and t > self._lease_from:
+            self._lease_from = t
+
+    def lease_left(self) -> float:
+        """Seconds this attempt's lease has left (<= 0: lapsed)."""
+        return self._lease_from + self.lease_s - time.monotonic()
+
+    def fence(self, what: str = "commits") -> str | None:
+        """None while this attempt may change what outlives it (commit a sink's output, write
+        the shared tier): the last beat the coordinator answered was sent less than `lease_s`
+        ago, so the coordinator cannot have suspected and replaced it. Otherwise why not, and
+        the refusal is counted under `what` ("commits" or "writes"). A process that paused
+        past the failure timeout wakes with a lapsed lease, and what it would do before it
+        reads that it was replaced is refused. Called from the loop and the stores' threads."""
+        if self.lease_left() > 0:
+            return None
+        age = time.monotonic() - self._lease_from
+        self.refused[what] += 1
+        return (
+            f"worker {self.index} (attempt {self.attempt}) holds no lease: the coordinator answered no beat "
+            f"sent in the last {age:.2f} s (lease {self.lease_s:.2f} s)"
+        )
 
     def _stop_beats(self) -> None:
         self._beats_stop.set()
@@ -108,7 +158,9 @@ class Links:
                 time.sleep(0.5)
 
     def _send_register(self, gen: int) -> None:
-        """Registers for generation `gen` (-1: whichever the coordinator is in)."""
+        """Registers for generation `gen` (-1: whichever the coordinator is in). The coordinator
+        counts its silence from the registration: the lease runs from it too."""
+        self._lease_from = max(self._lease_from, time.monotonic())
         self.send_ctrl(
             control.Register(
                 worker=self.index,
@@ -234,7 +286,12 @@ class Links:
                     raise AuthError(f"unexpected identity {ident}")
                 g = ident.get("gen")
                 if not isinstance(g, int) or g < gen:
+                    self.zombie_connections += 1
                     raise AuthError(f"identity {ident} of a generation before {gen}")
+                a = ident.get("attempt")
+                if not isinstance(a, int) or a <= self.fenced_attempts.get(j, -1):
+                    self.zombie_connections += 1
+                    raise AuthError(f"identity {ident} of an attempt of worker {j} that was replaced")
             except AuthError as e:
                 channels.refuse(s, addr, e)
                 continue
@@ -320,6 +377,14 @@ class Links:
             self._credited_ahead.pop(j, None)
         self.hooks.on_peer_down(self, j, attempt)
 
+    def fence_peer(self, j: int, attempt: int) -> None:
+        """The coordinator took attempt `attempt` of worker `j` for lost: neither it nor an
+        earlier attempt connects to this worker again (a process that only paused wakes to
+        find itself refused). Its connections go (`peer_down`)."""
+        if attempt > self.fenced_attempts.get(j, -1):
+            self.fenced_attempts[j] = attempt
+        self.peer_down(j, attempt)
+
     def attach(self, j: int, conn: channels.Connection, direction: str) -> None:
         """Adds a data connection with worker `j` ("in" or "out") to the running loop."""
         conns = self.inc if direction == "in" else self.out
@@ -354,6 +419,21 @@ class Links:
             conn.attempt = int(ident.get("attempt", 0))
             self.attach(j, conn, "in")
             self.hooks.on_peer_connected(self, j, conn, "in")
+
+    def _report_zombie(self) -> None:
+        """Tells the coordinator, which keeps reading a replaced attempt's connection, what this
+        attempt's fence refused: its last words, written at once."""
+        self._stop_beats()
+        try:
+            with self._ctrl_lock:
+                self.ctrl_conn.sock.setblocking(True)
+                self.ctrl_conn.sock.settimeout(1.0)
+                self.ctrl_conn.flush()
+                self.ctrl_conn.sock.sendall(
+                    frames.encode(frames.CONTROL, {}, control.to_wire(control.Zombie(**self.refused)))
+                )
+        except OSError:
+            pass
 
     def _report_error(self, e: BaseException) -> None:
         """Tells the coordinator why this worker stops, before its connection drops."""

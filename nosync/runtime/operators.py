@@ -287,10 +287,13 @@ class SinkOp(Op):
     """Stages records in the worker's sink part and commits them as the mode says: mode none
     commits each epoch once its frontier passes it (`commit`); a checkpointing mode
     pre-commits at a barrier (`precommit`: the staged output made durable outside the
-    committed output) and commits once the checkpoint completes (`commit_checkpoint`)."""
+    committed output) and commits once the checkpoint completes (`commit_checkpoint`).
+    A pre-commit is committed only while `fence` lets it (the worker's lease, `Links.fence`):
+    a replaced attempt that wakes leaves its pre-commits to its replacement."""
 
     def __init__(self, node: Node, part: Any, clock: Any) -> None:
         super().__init__(node)
+        self.fence: Callable[[], str | None] | None = None
         self.part = part
         self.clock = clock
         self.committed = 0
@@ -361,6 +364,8 @@ class SinkOp(Op):
                 if self.part.order_matters:
                     break
                 continue
+            if not done and self.fence is not None and self.fence() is not None:
+                break  # counted by the fence, reported if this attempt learns it was replaced
             self.precommitted.remove((c, handle))
             n = self.part.commit_precommit(c, handle)
             self._committed(n, self.precommit_ts.pop(c, []))

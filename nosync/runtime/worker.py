@@ -130,6 +130,9 @@ class Worker(Links):
         self._done_sent = False
         self._ready_sent = False
         self.sel: selectors.BaseSelector | None = None
+        self.replaced = False
+        """Whether the coordinator replaced this attempt (a zombie): its stores are abandoned,
+        not flushed, when it stops."""
         self.restored = False
         """Whether this generation's operators hold their restored state (its counters
         count from the restored position; before, they count nothing)."""
@@ -140,10 +143,16 @@ class Worker(Links):
         match msg:
             case control.Abort(reason=reason):
                 raise RunFailed(f"run aborted by the coordinator: {reason}")
+            case control.Lease(beat=beat):
+                self._leased(beat)
             case control.Replaced(reason=reason):
+                self.replaced = True
+                self._report_zombie()
+                r = self.refused
                 raise Replaced(
                     f"worker {self.index} (attempt {self.attempt}, pid {os.getpid()}) woke to find itself replaced: "
-                    f"{reason}; this process stops and changes nothing"
+                    f"{reason}; it refused {r['commits']} sink commits and {r['writes']} shared-tier writes "
+                    f"meanwhile, and stops without changing anything"
                 )
             case control.Finish():
                 self._finish = True
@@ -178,6 +187,8 @@ class Worker(Links):
         self.sources = [op for op in self.ops if isinstance(op, SourceOp)]
         self.heads = [op for op in self.ops if isinstance(op, LoopHead)]
         self.sinks = [op for op in self.ops if isinstance(op, SinkOp)]
+        for op in self.sinks:
+            op.fence = self.fence
         for e in graph_edges(p):
             src, dst = self.by_id[e.src], self.by_id[e.dst]
             if e.feedback:
@@ -326,6 +337,7 @@ class Worker(Links):
             "latencies": lat,
             "bytes_sent": sum(c.bytes_sent for c in self.out.values()),
             "refused_connections": self.acceptor.refused,
+            "zombie_connections_refused": self.zombie_connections,
             "pid": os.getpid(),
             "attempt": self.attempt,
             "generations": self.generations,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import lsm
@@ -33,7 +34,8 @@ def open_store(worker: Worker, name: str, what: str, **options: Any) -> Any:
     snapshot waits for is the remote tier) keeps its remote tier on the run's shared tier
     (`Places.store_remote`), so that a worker on another host restores from it when its own
     local root is gone: an empty directory opened with it is rebuilt from the remote tier. An
-    existing store keeps the remote tier its manifest names."""
+    existing store keeps the remote tier its manifest names. Its remote tier is fenced by the
+    worker's lease (`Links.fence`): a replaced attempt that wakes writes nothing there."""
     places = worker.places
     path = places.store(worker.index, name)
     deadline = time.monotonic() + LOCK_WAIT_S
@@ -41,7 +43,7 @@ def open_store(worker: Worker, name: str, what: str, **options: Any) -> Any:
         options.setdefault("remote", places.store_remote(worker.index, name))
     while True:
         try:
-            return lsm.Store(path, **options)
+            store = lsm.Store(path, **options)
         except lsm.StoreLockedError as e:
             if time.monotonic() > deadline:
                 raise RunFailed(f"worker {worker.index}: {what}: {e}") from e
@@ -49,6 +51,9 @@ def open_store(worker: Worker, name: str, what: str, **options: Any) -> Any:
             time.sleep(0.1)
         except lsm.LsmError as e:
             raise RunFailed(f"worker {worker.index}: {what}: {storage.redact(str(e))}") from e
+        else:
+            store.remote.fence = partial(worker.fence, "writes")
+            return store
 
 
 def put_store(path: str, where: str) -> None:

@@ -389,8 +389,8 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             j = int(message["worker"])
             self.away.add(j)
             if j != worker.index:
-                # the connections of the lost attempt go (not one a new attempt already opened)
-                worker.peer_down(j, int(message.get("attempt", 0)))
+                # its connections go (not a newer attempt's), and it never connects again
+                worker.fence_peer(j, int(message.get("attempt", 0)))
         elif op == NosyncOp.SPAN_DONE:
             self.span_done = message  # `span.run_span_job` checks that it is its own job's
         elif op == NosyncOp.SNAPSHOT_NOW:
@@ -585,8 +585,8 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         } | self.levels_metrics()
 
     def close(self, worker: Worker) -> None:
-        """Stops the bulk loader and closes the output log and the stores (an error closing a
-        store is logged, not raised)."""
+        """Stops the bulk loader, closes the output log and the stores (an error closing a store
+        is logged, not raised); a replaced attempt abandons its stores (its replacement redoes)."""
         if self.loader is not None:
             self.loader.stop()
         if self.outlog is not None:
@@ -594,7 +594,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         for store in (self.store, self.inputs):
             if store is not None:
                 try:
-                    store.close()
+                    store.abandon() if worker.replaced else store.close()
                 except Exception:  # noqa: BLE001 - closing after a failure must not hide it
                     log.exception("closing %s", store.path)
         self.store = self.inputs = None

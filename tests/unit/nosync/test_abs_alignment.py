@@ -48,6 +48,9 @@ class Worker:
     def keepalive(self) -> None:
         pass
 
+    def fence(self, what: str = "commits") -> str | None:
+        return None  # holds its lease (`Links.fence`)
+
 
 class Downstream:
     """The next operator: one timeline of what it got, records, markers and events alike."""

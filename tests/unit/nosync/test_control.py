@@ -14,6 +14,10 @@ MESSAGES = [
     control.Register(worker=0, attempt=0, addr=["h", 1]),
     control.Ready(4),
     control.Heartbeat(4, {"worker": 1, "read": 10, "committed": 5, "frontier": 2, "idle": False}),
+    control.Heartbeat(4, {"read": 10}, beat=31),
+    control.Lease(31),
+    control.Zombie(commits=2, writes=1),
+    control.Replaced("no heartbeat for 1.6 s"),
     control.Done(4, {"read": 10, "operators": {}}, 1.5),
     control.Error("worker 1: bad frame"),
     control.Peers(5, [["a", 1], ["b", 2]], {"restore": {"checkpoint": 3}, "alone": True}),
@@ -37,7 +41,13 @@ def test_every_message_crosses_the_wire_as_itself(msg):
 
 def test_the_wire_form_is_a_map_with_its_type():
     assert control.to_wire(control.Rejoin(6)) == {"type": "rejoin", "gen": 6}
-    assert control.to_wire(control.Heartbeat(2, {"read": 5})) == {"type": "heartbeat", "gen": 2, "read": 5}
+    assert control.to_wire(control.Heartbeat(2, {"read": 5}, 8)) == {
+        "type": "heartbeat",
+        "gen": 2,
+        "read": 5,
+        "beat": 8,
+    }
+    assert control.to_wire(control.Lease(8)) == {"type": "lease", "beat": 8}
     assert control.to_wire(control.mode_message("trigger", gen=1, n=4)) == {
         "type": "mode",
         "op": "trigger",
