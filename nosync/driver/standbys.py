@@ -18,6 +18,11 @@ import time
 
 from nosync.runtime import channels, control
 
+PLACE_TIMEOUT_S = 120.0
+"""How long a lost worker may wait for a process to take its place (a standby, or Spark's
+retry) before the run fails naming it: Spark notices an executor it cannot reach only after
+spark.network.timeout (120 s by default)."""
+
 
 class Standbys:
     """The standbys half of `Coordinator` (`nosync.driver.coordinator`), which holds their state."""
@@ -38,6 +43,7 @@ class Standbys:
         """Per worker, the highest attempt number it registered with or was given."""
         self.awaiting: set[int] = set()
         """Workers lost and not registered again yet."""
+        self._awaiting_since: dict[int, float] = {}
         self.promotions: list[dict] = []
 
     def _admit(self, w: int, conn: channels.Connection, msg: control.Register) -> bool:
@@ -66,7 +72,21 @@ class Standbys:
 
     def _check_standbys(self, now: float) -> None:
         """A standby silent past the failure timeout is dropped, and its task killed (Spark's
-        retry of it comes back a standby)."""
+        retry of it comes back a standby). Workers lost and not placed again within
+        PLACE_TIMEOUT_S (no standby left, no retry from Spark) fail the run, named."""
+        for w in list(self._awaiting_since):
+            if w not in self.awaiting:
+                del self._awaiting_since[w]
+        for w in self.awaiting:
+            self._awaiting_since.setdefault(w, now)
+        late = sorted(w for w, t in self._awaiting_since.items() if now - t > PLACE_TIMEOUT_S)
+        if late and self.failure is None and not self.finished:
+            names = ", ".join(map(str, late))
+            self.fail(
+                f"worker{'s' if len(late) > 1 else ''} {names} lost and not placed again within "
+                f"{PLACE_TIMEOUT_S:g} s: no standby was left and Spark started no new attempt (no free slot, or "
+                f"an executor it cannot reach); --standbys S starts spare tasks that take a lost worker's place"
+            )
         for sid, info in list(self.standbys.items()):
             if now - info["beat"] > self.failure_timeout_s and not self.finished:
                 self._sel.unregister(info["conn"].sock)

@@ -650,3 +650,29 @@ def test_a_retry_whose_attempt_a_promotion_used_is_given_the_next(tmp_path):
         c.close()
         for p in procs:
             p.close()
+
+
+def test_workers_lost_and_never_placed_again_fail_the_run_naming_them(tmp_path, monkeypatch):
+    """The standby replaces worker 1; then worker 0 and the promoted standby are lost too, and
+    neither a standby nor a retry comes: the run fails naming both, not the one placed."""
+    from nosync.driver import standbys
+
+    monkeypatch.setattr(standbys, "PLACE_TIMEOUT_S", 0.5)
+    c, w0, w1, spare = with_a_standby(tmp_path, 5.0, lambda task, pid, reason: None)
+    procs = [w0, w1, spare]
+    try:
+        spare.wait_for("standby")
+        w1.close()
+        assert spare.wait_for("promote")["attempt"] == 1
+        spare.register(1, 1, task=12)
+        wait_until(lambda: c.attempts.get(1) == 1, "the promoted standby registered")
+        assert c.failure is None
+        w0.close()
+        spare.close()
+        wait_until(lambda: c.failure is not None, "the run to fail")
+        assert "workers 0, 1 lost and not placed again within 0.5 s" in c.failure, c.failure
+        assert "--standbys" in c.failure
+    finally:
+        c.close()
+        for p in procs:
+            p.close()
