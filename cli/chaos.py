@@ -80,6 +80,13 @@ from nosync.modes import MODES
     default=None,
     help="Passed to `nosync run` (default: its own): how long a silent worker goes before it is suspected.",
 )
+@click.option(
+    "--suspect-kill",
+    type=click.Choice(["process", "spark"]),
+    default=None,
+    help="Passed to `nosync run`: 'spark' leaves a suspected worker to Spark's kill, as on a cluster (default: "
+    "its own, 'process'; --failure pause uses 'spark', so that paused processes may wake as zombies).",
+)
 @master_option("embedded")
 @click.option(
     "--cluster",
@@ -111,6 +118,7 @@ def chaos_cmd(
     replay_threshold_records,
     standbys,
     failure_timeout_ms,
+    suspect_kill,
     master,
     cluster_name,
     timeout,
@@ -154,6 +162,7 @@ def chaos_cmd(
         "replay_threshold_records": replay_threshold_records,
         "failure_timeout_ms": failure_timeout_ms,
         "standbys": standbys,
+        "suspect_kill": suspect_kill,
         "master": master,
     }
 

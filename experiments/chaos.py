@@ -638,13 +638,18 @@ def chaos(
         f"chaos run: {kills} failure(s) of class {failure}, seed {seed}, at records read "
         f"{', '.join(f'{t:,}' for t in targets)}"
     )
+    chaos_options = options
+    if failure == "pause":
+        # a process paused past the timeout is left to Spark's kill, as on a cluster: it may
+        # wake first, a zombie its fence must hold (`--suspect-kill`)
+        chaos_options = {**options, "suspect_kill": options.get("suspect_kill") or "spark"}
     summary, done = run_chaos(
         pipeline_file,
         dirs["chaos"],
         mode,
         workers,
         params,
-        options,
+        chaos_options,
         targets,
         rng,
         timeout,
@@ -660,6 +665,8 @@ def chaos(
         recovery_s=[k["recovery_s"] for k in done],
         killed=[{x: k[x] for x in KILL_FIELDS if x in k} for k in done],
         detection_s=[k.get("detection_s") for k in done],
+        # the attempts replaced while alive, what their fences and their peers refused
+        zombies={x: summary.get(x, 0) for x in ZOMBIE_FIELDS},
     )
     if failure == "pause":
         # a pause shorter than the timeout (less a heartbeat's lateness) must not be suspected
@@ -706,6 +713,19 @@ def chaos(
         # nothing about a recovery
         result.update(judged=False, exactly_once=None, no_recovery=True)
     return result
+
+
+ZOMBIE_FIELDS = (
+    "zombies",
+    "zombies_woke",
+    "zombie_commits_refused",
+    "zombie_writes_refused",
+    "zombie_connections_refused",
+    "zombies_gone",
+)
+"""The run's summary of its replaced attempts (`Coordinator.fencing`): how many, how many woke
+and read that they were replaced, the sink commits and shared-tier writes their fences refused,
+the connections their peers refused them, and how many had ended when the run did."""
 
 
 def exit_code(result: dict) -> int:

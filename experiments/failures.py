@@ -18,7 +18,9 @@
 - `pause`: a worker's process is stopped for a time drawn on both sides of the failure timeout
   (`PAUSE_SHARE` of it), then resumed (SIGCONT). Below the timeout nothing may be recovered;
   above it, the worker is replaced, and the process that wakes is a zombie that must change
-  nothing.
+  nothing. The run is left to Spark's kill of a suspected worker (`--suspect-kill spark`), as
+  on a cluster, so that a zombie may wake before it lands; the chaos JSON counts the zombies,
+  those that woke, what their fences refused and those that had ended.
 
 A mode and checkpoint level that cannot survive a class is refused before any run
 (`refusal`): mode replay persists nothing and recomputes from the sources, so it survives
