@@ -158,6 +158,11 @@ def test_pauses_on_both_sides_of_the_timeout_are_exactly_once(tmp_path, mode):
     assert min(pauses) < timeout_s < max(pauses), pauses
     longer = [k for k in r["killed"] if k["pause_s"] > timeout_s + 0.3]
     assert all(k["suspected"] for k in longer), r["killed"]
+    # each suspected process was replaced alive (Spark's kill only): a zombie, ended by the
+    # run's end whether it woke and stopped by itself or Spark's kill reached it first
+    z = r["zombies"]
+    suspected = sum(1 for k in r["killed"] if k["suspected"])
+    assert z["zombies"] == suspected and z["zombies_gone"] == suspected, z
 
 
 def test_a_busy_loop_is_not_taken_for_a_failure(tmp_path):
