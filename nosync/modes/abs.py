@@ -110,6 +110,9 @@ class AbsHooks(WorkerHooks):
         self.stores: dict[str, Any] = {}
         self.pending: dict[int, dict] = {}
         self.aborted: set[int] = set()
+        self.completed = -1
+        """The newest checkpoint the coordinator said complete: the sinks commit up to it (a
+        commit their fence deferred is made again from `poll`)."""
         self.align: dict[str, dict[int, dict]] = {}
         self.acked = 0
         self.worker: Worker = None
@@ -241,6 +244,7 @@ class AbsHooks(WorkerHooks):
                 # what they have read by the time it is acknowledged
                 self._entry(n)["read"] = sum(s.records_in for s in worker.sources)
         elif op == AbsOp.COMPLETE:
+            self.completed = max(self.completed, n)
             for s in worker.sinks:
                 s.commit_checkpoint(n)
         elif op == AbsOp.ABORT:
@@ -303,7 +307,10 @@ class AbsHooks(WorkerHooks):
 
     def poll(self, worker: Worker) -> None:
         """Acknowledges, oldest first, the checkpoints every instance has snapshotted and whose
-        stores are durable on the checkpoint tier."""
+        stores are durable on the checkpoint tier. Commits a sink's fence deferred go again."""
+        for s in worker.sinks:
+            if s.precommitted and s.precommitted[0][0] <= self.completed:
+                s.commit_checkpoint(self.completed)
         if not self.pending:
             return
         for n in sorted(self.pending):
