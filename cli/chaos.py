@@ -34,7 +34,9 @@ from nosync.modes import MODES
     show_default=True,
     help="What each kill loses: a worker's process; its machine (the process, then its local disk: "
     "state/w<i> and the part files it was writing); two workers' machines at once (needs -w 2 or more); hang: its "
-    "process stopped (SIGSTOP) for good; pause: stopped for a time drawn around the failure timeout, then resumed.",
+    "process stopped (SIGSTOP) for good; pause: stopped for a time drawn around the failure timeout, then resumed; "
+    "on a cluster (--cluster) only: partition: its host's network cut for a time drawn around the failure timeout, "
+    "then restored; hang-machine: every process of its host stopped for good.",
 )
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(

@@ -60,7 +60,15 @@ import sys
 import time
 from typing import Any
 
-from experiments.failures import MACHINES_LOST, PAUSE_SHARE, SILENT, lose_machines, refusal, wiped_before_retry
+from experiments.failures import (
+    MACHINES_LOST,
+    OF_HOSTS,
+    PAUSE_SHARE,
+    SILENT,
+    lose_machines,
+    refusal,
+    wiped_before_retry,
+)
 from nosync import storage
 from nosync.errors import NosyncError, RunFailed
 from nosync.options import FAILURE_TIMEOUT_MS
@@ -90,6 +98,9 @@ KILL_FIELDS = (
     "suspected",
     "pause_s",
     "resumed",
+    "cut_s",
+    "healed",
+    "stopped_pids",
 )
 """What the result says of each failure made."""
 KILL_SPAN = (0.1, 0.8)
@@ -381,7 +392,11 @@ def run_chaos(
     lost = 1 if pause else max(1, MACHINES_LOST[failure])
     timeout_s = (options.get("failure_timeout_ms") or FAILURE_TIMEOUT_MS) / 1000
     silent = failure in SILENT and not pause
+    of_host = failure in OF_HOSTS and not pause
+    quiet = silent or of_host
     stopped: list[int] = []
+    cut: list[Any] = []
+    hung: list[Any] = []
 
     def ended() -> bool:
         return proc.poll() is not None or time.monotonic() > deadline or events.over
@@ -392,7 +407,7 @@ def run_chaos(
             stop_s = 0.0
             if pause:
                 stop_s = rng.uniform(PAUSE_S[0], min(PAUSE_S[1], PAUSE_TIMEOUT_SHARE * timeout_s))
-            elif failure == "pause":
+            elif failure in ("pause", "partition"):
                 stop_s = rng.uniform(*PAUSE_SHARE) * timeout_s
             kill: dict | None = None
             while kill is None and not ended():
@@ -410,8 +425,22 @@ def run_chaos(
                     if None in hosts:
                         time.sleep(0.01)  # a victim's process is gone already: its next one
                         continue
+                if of_host:
+                    host = cluster.host_of_pid(pids[0])
+                    if host is None:
+                        time.sleep(0.01)  # the victim's process is gone already: its next one
+                        continue
+                    hosts = [host]
                 times = []
-                if hosts:
+                if of_host:
+                    if failure == "partition":
+                        times.append(cluster.cut_host(hosts[0]))
+                        cut.append(hosts[0])
+                    else:
+                        times.append(time.time())
+                        hung.append(hosts[0])
+                        stopped_pids = cluster.stop_host(hosts[0])
+                elif hosts:
                     for h in hosts:
                         times.append(time.time())
                         wiped = cluster.kill_host(h)
@@ -431,7 +460,11 @@ def run_chaos(
                 kill = {"t": times[0], "workers": victims, "pids": pids, "read": read, "seen": seen}
                 if len(times) > 1:
                     kill["apart_ms"] = (times[-1] - times[0]) * 1000
-                if hosts:
+                if of_host:
+                    kill["hosts"] = [hosts[0].name]
+                    if failure == "hang-machine":
+                        kill["stopped_pids"] = len(stopped_pids)
+                elif hosts:
                     kill["wiped"] = wiped
                     kill["hosts"] = [h.name for h in hosts]
                     for h in hosts:
@@ -455,9 +488,23 @@ def run_chaos(
                 events.poll()
                 if not _suspected(events.seen, kill["seen"], victims, kill["t"] + stop_s + 0.25):
                     continue  # below the failure timeout: nothing to recover, nothing to wait for
+            elif failure == "partition":
+                try:
+                    time.sleep(stop_s)
+                finally:
+                    cluster.heal_host(cut.pop())
+                    kill["healed"] = True
+                kill["cut_s"] = stop_s
+                progress(f"cut {kill['hosts'][0]} (with {who}) off the network for {stop_s:.2f} s")
+                time.sleep(0.3)  # a suspicion at the end of the cut reaches events.jsonl
+                events.poll()
+                if not _suspected(events.seen, kill["seen"], victims, kill["t"] + stop_s + 0.25):
+                    continue  # below the failure timeout: nothing to recover, nothing to wait for
+            elif failure == "hang-machine":
+                progress(f"stopped every process of {kill['hosts'][0]} (with {who}) for good")
             elif failure == "hang":
                 progress(f"stopped {who} for good at {kill['read']:,} records read (target {target:,})")
-            if not silent:
+            if not quiet:
                 how = "killed" if "wiped" not in kill else "lost the machine of"
                 wiped = ""
                 if "wiped" in kill:
@@ -481,6 +528,12 @@ def run_chaos(
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        for host in cut:
+            cluster.heal_host(host)  # a cut the run's end interrupted
+        for host in hung:
+            # the stopped machine replaced by a new one, for the next run
+            cluster.kill_host(host)
+            cluster.restart_host(host)
     events.poll()
     if not pause:
         for i, k in enumerate(done):
@@ -489,8 +542,8 @@ def run_chaos(
             # what this failure caused: up to the next one, and for a pause only while the
             # process was stopped (a beat in flight at the resume allowed for)
             until = done[i + 1]["t"] if i + 1 < len(done) else None
-            if "pause_s" in k:
-                until = k["t"] + k["pause_s"] + 0.25
+            if "pause_s" in k or "cut_s" in k:
+                until = k["t"] + k.get("pause_s", k.get("cut_s", 0.0)) + 0.25
             found = [
                 e["t"]
                 for e in events.seen[k["seen"] :]
@@ -499,7 +552,7 @@ def run_chaos(
                 and (until is None or e["t"] <= until)
             ]
             k["detection_s"] = (found[0] - k["t"]) if found else None
-            if silent:
+            if quiet:
                 k["suspected"] = _suspected(events.seen, k["seen"], k["workers"], until)
             lost_at = [r for r in summary.get("recoveries") or [] if r.get("lost_at", 0) >= k["t"]]
             if lost_at and lost_at[0].get("back_to_90_s") is not None:
@@ -668,10 +721,13 @@ def chaos(
         # the attempts replaced while alive, what their fences and their peers refused
         zombies={x: summary.get(x, 0) for x in ZOMBIE_FIELDS},
     )
-    if failure == "pause":
-        # a pause shorter than the timeout (less a heartbeat's lateness) must not be suspected
+    if failure in ("pause", "partition"):
+        # a pause or cut shorter than the timeout (less a heartbeat's lateness) must not be
+        # suspected
         margin = (options.get("failure_timeout_ms") or FAILURE_TIMEOUT_MS) / 1000 - 0.2
-        result["suspected_below_timeout"] = sum(1 for k in done if k.get("suspected") and k["pause_s"] < margin)
+        result["suspected_below_timeout"] = sum(
+            1 for k in done if k.get("suspected") and k.get("pause_s", k.get("cut_s", 0.0)) < margin
+        )
     late = sorted(
         {v for k in done for v, ok in zip(k["workers"], k.get("wiped_before_retry", []), strict=False) if ok is False}
     )
@@ -705,10 +761,12 @@ def chaos(
         result["kills_short"] = True
         if result["exactly_once"] or not result["recoveries"]:
             result.update(judged=False, exactly_once=None)
-    elif result.get("suspected_below_timeout"):
-        # a worker replaced for a pause it was allowed: a false suspicion
+    elif result.get("suspected_below_timeout") and failure == "pause":
+        # a worker replaced for a pause it was allowed: a false suspicion. (A cut shorter than
+        # the timeout may be suspected rightly: the beats it dropped come only when TCP sends
+        # them again, 0.2 s after the first loss, then 0.4, 0.8, 1.6 s..., after the heal.)
         result["exactly_once"] = False
-    elif not result["recoveries"] and failure != "pause":
+    elif not result["recoveries"] and failure not in ("pause", "partition"):
         # every kill hit a worker whose work was done: nothing recovered, and equal outputs say
         # nothing about a recovery
         result.update(judged=False, exactly_once=None, no_recovery=True)

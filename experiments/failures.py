@@ -22,6 +22,16 @@
   on a cluster, so that a zombie may wake before it lands; the chaos JSON counts the zombies,
   those that woke, what their fences refused and those that had ended.
 
+- `partition` (on a cluster of hosts, `--cluster`): the network of the victim's host is cut
+  (`Cluster.cut_host`: its link down, packets dropped both ways, no connection reset) for a
+  time drawn as a pause's is (`PAUSE_SHARE` of the failure timeout), then restored. Below the
+  timeout nothing may be recovered; above it, the worker is replaced (a standby, or Spark's
+  retry elsewhere: the kill cannot reach the host), and its process on the healed host is a
+  zombie. Nothing of the host is lost.
+- `hang-machine` (on a cluster of hosts): every process of the victim's host is stopped
+  (SIGSTOP: its Spark worker, executor and Python workers) and never resumed during the run;
+  its workers must be replaced elsewhere. After the run the host is killed and started again.
+
 A mode and checkpoint level that cannot survive a class is refused before any run
 (`refusal`): mode replay persists nothing and recomputes from the sources, so it survives
 every class; abs and nosync survive a lost machine only with a level off that machine (the
@@ -41,13 +51,15 @@ import time
 
 from nosync.options import replica_count
 
-FAILURES = ("process", "machine", "two", "hang", "pause")
+FAILURES = ("process", "machine", "two", "hang", "pause", "partition", "hang-machine")
 """The failure classes: the three that announce themselves, from the least lost to the most,
-then the two silent ones."""
-MACHINES_LOST = {"process": 0, "machine": 1, "two": 2, "hang": 0, "pause": 0}
+then the silent ones, of a process and (on a cluster) of a host."""
+MACHINES_LOST = {"process": 0, "machine": 1, "two": 2, "hang": 0, "pause": 0, "partition": 0, "hang-machine": 0}
 """Machines (local disks) each class loses at once."""
 SILENT = ("hang", "pause")
 """The classes that stop a process instead of killing it: only the failure timeout finds them."""
+OF_HOSTS = ("partition", "hang-machine")
+"""The classes that take a host of a cluster (`--cluster`): silent too."""
 PAUSE_SHARE = (0.3, 2.5)
 """A `pause` lasts this share of the failure timeout, drawn uniformly: below it, nothing must be
 recovered; above it, the worker is replaced and wakes a zombie."""
@@ -65,6 +77,9 @@ def refusal(
     another executor (its own local root), on another host."""
     if failure not in FAILURES:
         return f"--failure is one of {', '.join(FAILURES)}, not {failure!r}"
+    if failure in OF_HOSTS and not cluster:
+        what = "cuts a host's network" if failure == "partition" else "stops every process of a host"
+        return f"--failure {failure} {what}: it runs on a cluster of hosts only (--cluster, `nosync cluster up`)"
     if failure == "two" and workers < 2:
         return f"--failure two loses two workers' machines at once: it needs -w 2 or more, not -w {workers}"
     lost = max(MACHINES_LOST[failure], 1 if cluster else 0)

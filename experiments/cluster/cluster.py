@@ -10,16 +10,23 @@ A lost machine is `kill_host` then `restart_host`: every process of the host kil
 private root gone with the last of them, then a new Spark worker on the host with a fresh,
 empty root, as a replaced machine at the same address. `lose_host` does both and returns
 once the master counts every host's worker again.
+
+The failures a host does not announce: `cut_host` cuts its link to the bridge (its packets are
+dropped both ways, no connection is reset; its loopback works), `heal_host` restores it;
+`stop_host` stops every process of the host (SIGSTOP), a machine that stopped answering, which
+`kill_host` then `restart_host` replace.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.cluster import processes, s3, sockets
+from experiments.cluster import network, processes, s3, sockets
 from experiments.cluster.errors import ClusterError
 from experiments.cluster.layout import Host
 from experiments.cluster.sockets import Socket
@@ -109,6 +116,47 @@ class Cluster:
         then, the moment its private root was wiped."""
         self._check(host)
         return processes.kill_namespace(host.name)
+
+    def cut_host(self, host: Host) -> float:
+        """Cuts `host` off the network: the root-side end of its veth pair goes down, so what it
+        sends and what is sent to it is dropped silently, as by a failed switch port; no
+        connection is reset, and its loopback still works. Returns `time.time()` then."""
+        self._check(host)
+        network.ip("link", "set", self._state().layout.veth(host), "down")
+        return time.time()
+
+    def heal_host(self, host: Host) -> float:
+        """Puts `host` back on the network (`cut_host` undone); returns `time.time()` then."""
+        self._check(host)
+        network.ip("link", "set", self._state().layout.veth(host), "up")
+        return time.time()
+
+    def is_cut(self, host: Host) -> bool:
+        """Whether `host`'s link to the bridge is down."""
+        self._check(host)
+        veth = self._state().layout.veth(host)
+        return "UP" not in network.link_flags(veth)
+
+    def stop_host(self, host: Host) -> list[int]:
+        """Stops every process of `host` (SIGSTOP), its Spark worker, executors and their
+        Python workers: a machine that stopped answering. Returns their pids once each is
+        stopped; one forked meanwhile is stopped too. `kill_host` kills stopped processes."""
+        self._check(host)
+        stopped: set[int] = set()
+        deadline = time.monotonic() + 30.0
+        while True:
+            pids = [p for p in processes.netns_pids(host.name) if p not in stopped or not processes.is_stopped(p)]
+            if not pids:
+                return sorted(stopped)
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{host.name}: processes {pids} not stopped within 30 s of SIGSTOP")
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                stopped.add(pid)
+            time.sleep(0.005)
 
     def restart_host(self, host: Host, timeout: float = RESTART_TIMEOUT_S) -> None:
         """Starts a Spark worker on `host`, which runs nothing (`kill_host`), with a fresh,

@@ -53,6 +53,12 @@ def links() -> list[str]:
     return [link["ifname"] for link in _json("link", "show")]
 
 
+def link_flags(link: str) -> list[str]:
+    """The flags of `link` (UP, LOWER_UP, ...)."""
+    got = _json("link", "show", "dev", link)
+    return list(got[0].get("flags", [])) if got else []
+
+
 def addresses(link: str) -> list[str]:
     """The IPv4 addresses of the root namespace's link `link`."""
     return [a["local"] for x in _json("-4", "addr", "show", "dev", link) for a in x.get("addr_info", [])]

@@ -199,6 +199,16 @@ def netns_pids(namespace: str) -> list[int]:
     return pids
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (state T in /proc/PID/stat); False when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat[stat.rindex(")") + 2 :].startswith(("T", "t"))
+
+
 def netns_of(pid: int, namespaces: list[str]) -> str | None:
     """Which of `namespaces` the process `pid` is in (`ip netns identify`); None when it is
     in none of them or gone."""

@@ -232,6 +232,11 @@ class Coordinator(Standbys):
         now = time.monotonic()
         return sorted(w for w, t in list(self.last_beat.items()) if now - t > self.failure_timeout_s)
 
+    def zombies_alive(self) -> list[int]:
+        """The workers of the replaced attempts whose connections have not ended: their tasks
+        may never end by themselves (a host stopped or cut off)."""
+        return sorted(z["worker"] for z in list(self.zombies.values()) if not z["gone"])
+
     @property
     def refused(self) -> int:
         """Connections refused: failing the handshake, over the cap of pending ones, or naming

@@ -231,9 +231,15 @@ def run(
                 raise RunFailed(coord.failure, run_dir=run_dir)
             # every worker was told to finish; a task Spark retries after that is told so too.
             # A worker that hangs after its work was done never ends its task: once it is
-            # silent past the failure timeout, the job is cancelled (its output is committed)
+            # silent past the failure timeout, the job is cancelled (its output is committed);
+            # so is it at once when a replaced attempt is still there (a host stopped or cut off)
             deadline = time.monotonic() + 60
-            while thread.is_alive() and time.monotonic() < deadline and not coord.silent_workers():
+            while (
+                thread.is_alive()
+                and time.monotonic() < deadline
+                and not coord.silent_workers()
+                and not coord.zombies_alive()
+            ):
                 thread.join(0.1)
             if thread.is_alive():
                 sc.cancelJobGroup(run_id)

@@ -1,14 +1,20 @@
 """The chaos judge on a cluster of hosts (`conftest.cluster`): `nosync chaos --cluster
 --failure machine`, a lost machine being every process of the victim's host killed (its Spark
 worker and executor too) and its private disk gone with them, under abs (its stores' remote
-tier on the S3 server) and nosync (the remote tier; copies in a peer's memory)."""
+tier on the S3 server) and nosync (the remote tier; copies in a peer's memory). In `make soak`
+too: `--failure partition` (a host cut off, then healed) and `hang-machine` (every process of
+a host stopped)."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+from support.paths import WORKLOADS
 from support.runs import judge_chaos
+
+from experiments.chaos import chaos
 
 WORKERS = 2
 """Two workers on the three hosts: the retry of a lost host's worker lands on a third host,
@@ -73,3 +79,60 @@ def test_lost_machines_soak(cluster, tmp_path, mode, tier, replicas, workload, s
         failure="machine",
         cluster=cluster,
     )
+
+
+PARTITION_PARAMS = {"keyed_count": {"records": "3000000", "keys": "20000"}, "nexmark": {"bids": "1500000"}}
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workload", sorted(PARTITION_PARAMS))
+def test_partitions_soak(cluster, tmp_path, workload, workers):
+    """`nosync chaos --cluster --failure partition`, nosync with a copy on another worker and a
+    standby: the victim's host cut off twice, for times drawn on both sides of the failure
+    timeout, then healed. Exactly-once; every cut made and healed; every suspected worker
+    replaced, and its process on the healed host a zombie that had ended by the run's end."""
+    r = chaos(
+        os.path.join(WORKLOADS, f"{workload}.py"),
+        "nosync",
+        workers,
+        2,
+        seed=1,
+        params=PARTITION_PARAMS[workload],
+        out=str(tmp_path / "chaos"),
+        options={"checkpoint_tier": "replicated", "replicas": 1, "standbys": 1},
+        failure="partition",
+        cluster=cluster,
+    )
+    assert r["deterministic"], r
+    assert "run_failed" not in r, r.get("run_failed")
+    assert r["kills"] == 2, r
+    assert all(k["healed"] for k in r["killed"]), r["killed"]
+    assert (r["lost"], r["duplicated"]) == (0, 0), r["sinks"]
+    assert r["exactly_once"] is True, r
+    suspected = sum(1 for k in r["killed"] if k["suspected"])
+    assert r["recoveries"] == suspected, r
+    assert r["zombies"]["zombies"] == r["zombies"]["zombies_gone"] == suspected, r["zombies"]
+    assert not any(cluster.is_cut(h) for h in cluster.hosts)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize(("mode", "tier", "replicas"), [("abs", "remote", None), ("nosync", "replicated", 1)])
+def test_a_stopped_machine_is_replaced_by_a_standby_soak(cluster, tmp_path, mode, tier, replicas):
+    """`nosync chaos --cluster --failure hang-machine`: every process of the victim's host
+    stopped for good; a standby on another host takes its worker's place, and the run ends
+    exactly-once without waiting for Spark to find the host lost. The host is back after."""
+    judge_chaos(
+        tmp_path,
+        "keyed_count",
+        mode,
+        2,
+        1,
+        21,
+        {"records": "3000000", "keys": "20000"},
+        {"checkpoint_tier": tier, "replicas": replicas, "standbys": 1},
+        failure="hang-machine",
+        cluster=cluster,
+    )
+    status = cluster.status()
+    assert status.alive_workers == len(cluster.hosts) and all(h.alive for h in status.hosts)

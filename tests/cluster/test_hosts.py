@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -170,6 +171,11 @@ def test_lose_host_kills_every_process_and_wipes_its_disk(cluster):
     old = set(processes.netns_pids(host.name))
     assert {old_worker, bystander.pid} <= old
     old_ids = {w["id"] for w in cluster.master_state()["workers"] if w["host"] == host.address}
+    # a machine that stops answering first: every process of it stopped, then lost
+    stopped = cluster.stop_host(host)
+    assert old <= set(stopped)
+    assert all(processes.is_stopped(pid) for pid in old)
+    assert not processes.is_stopped(os.getpid())
 
     before, since_boot = time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)
     wiped = cluster.lose_host(host)
@@ -190,3 +196,82 @@ def test_lose_host_kills_every_process_and_wipes_its_disk(cluster):
     assert not set(alive[host.address]) & old_ids
     status = cluster.status()
     assert status.alive_workers == len(cluster.hosts) and all(h.alive for h in status.hosts)
+
+
+DIAL = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+except TimeoutError:
+    print("timeout")
+"""
+
+HOLD = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.settimeout(None)
+print("connected", flush=True)
+sys.stdin.readline()
+s.sendall(b"sent while cut")
+s.recv(1)
+"""
+
+
+def test_a_cut_host_drops_packets_both_ways_silently_until_healed(cluster):
+    host = cluster.hosts[0]
+    listener = socket.create_server((cluster.driver_address, 0))
+    port = listener.getsockname()[1]
+    closed_port = _free_port()
+
+    def dial(address: str, p: int, timeout: float) -> str:
+        out = cluster.run_in(
+            host, [sys.executable, "-c", DIAL, address, str(p), str(timeout)], capture_output=True, text=True
+        )
+        return out.stdout.strip()
+
+    held = subprocess.Popen(
+        ["ip", "netns", "exec", host.name, sys.executable, "-c", HOLD, cluster.driver_address, str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert held.stdout.readline() == "connected\n"
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        assert dial(cluster.driver_address, port, 2) == "connected"
+        listener.accept()[0].close()
+        cluster.cut_host(host)
+        assert cluster.is_cut(host)
+        # nothing answers, not even a refusal: the packets are dropped
+        assert dial(cluster.driver_address, port, 1) == "timeout"
+        assert dial(cluster.driver_address, closed_port, 1) == "timeout"
+        # the host itself still works: its loopback answers at once
+        assert dial("127.0.0.1", closed_port, 1) == "refused"
+        # a connection made before the cut is not reset: what it sends meanwhile arrives after
+        held.stdin.write("go\n")
+        held.stdin.flush()
+        cluster.heal_host(host)
+        assert not cluster.is_cut(host)
+        got = b""
+        while len(got) < len(b"sent while cut"):
+            data = conn.recv(64)
+            assert data, "the held connection ended"
+            got += data
+        assert got == b"sent while cut"
+        assert dial(cluster.driver_address, port, 2) == "connected"
+    finally:
+        if cluster.is_cut(host):
+            cluster.heal_host(host)
+        held.kill()
+        held.wait()
+        listener.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
