@@ -229,6 +229,7 @@ def add_three() -> str:
     return text.replace(old, "return total + 3, [(OUT, key, i, 3), (SUB, key, i)]")
 
 
+@pytest.mark.soak
 def test_rewind_of_a_loop_body_from_a_checkpoint(spark, tmp_path):
     """An abs run of the ADD/SUBTRACT loop, rewound from a checkpoint (its loop heads'
     back-edge logs replayed) to the first epoch one can start, with ADD(3) instead of ADD(2)
