@@ -79,6 +79,9 @@ class Coordinator(Standbys):
         self.conns: dict[int, channels.Connection] = {}
         self.addresses: dict[int, list] = {}
         """Per worker, the data address its newest attempt registered with (host, port)."""
+        self.moved: dict[int, int] = {}
+        """Per worker whose newest attempt runs on another host than the attempt before it:
+        that attempt (`Peers` carries it: the local stores it finds are an older attempt's)."""
         self.attempts: dict[int, int] = {}
         self.pids: dict[int, int] = {}
         self.tasks: dict[int, int] = {}
@@ -232,11 +235,6 @@ class Coordinator(Standbys):
         now = time.monotonic()
         return sorted(w for w, t in list(self.last_beat.items()) if now - t > self.failure_timeout_s)
 
-    def zombies_alive(self) -> list[int]:
-        """The workers of the replaced attempts whose connections have not ended: their tasks
-        may never end by themselves (a host stopped or cut off)."""
-        return sorted(z["worker"] for z in list(self.zombies.values()) if not z["gone"])
-
     @property
     def refused(self) -> int:
         """Connections refused: failing the handshake, over the cap of pending ones, or naming
@@ -381,39 +379,6 @@ class Coordinator(Standbys):
             self.kill_task(task, self.pids.get(w, 0), f"nosync: worker {w} (attempt {attempt}) suspected: {reason}")
         self._lost(w, conn, reason)
 
-    def _read_zombie(self, conn: channels.Connection) -> None:
-        """What a replaced attempt sent: its `Zombie` report once it read `Replaced` (anything
-        else, a beat sent as it woke, changes nothing); its connection's end is its exit."""
-        z = self.zombies[conn]
-        try:
-            got = conn.receive()
-        except (FrameError, ConnectionError):
-            got = None
-        for f in got or ():
-            try:
-                msg = control.from_wire(f.body)
-            except FrameError:
-                continue
-            if isinstance(msg, control.Zombie):
-                z.update(woke=True, commits=msg.commits, writes=msg.writes)
-                self.event("zombie", worker=z["worker"], attempt=z["attempt"], commits=msg.commits, writes=msg.writes)
-        if got is None:
-            self._sel.unregister(conn.sock)
-            conn.close()
-            z["gone"] = True
-
-    def fencing(self) -> dict:
-        """The run's replaced attempts: how many there were, how many woke (they read that they
-        were replaced), what their fences refused, and how many have ended."""
-        zs = list(self.zombies.values())
-        return {
-            "zombies": len(zs),
-            "zombies_woke": sum(z["woke"] for z in zs),
-            "zombie_commits_refused": sum(z["commits"] for z in zs),
-            "zombie_writes_refused": sum(z["writes"] for z in zs),
-            "zombies_gone": sum(z["gone"] for z in zs),
-        }
-
     def _lost(self, w: int, conn: channels.Connection, reason: str, replace: bool = True) -> None:
         """Worker `w`'s attempt on `conn` is gone: the mode decides what follows, and a
         standby takes its place (`replace`: not when a new attempt is registering already)."""
@@ -535,8 +500,16 @@ class Coordinator(Standbys):
             self._lost(w, prev, f"replaced by attempt {attempt}", replace=False)
             prev.close()
         self.conns[w] = conn
-        self.addresses[w] = list(msg.addr)
         new_attempt = attempt != self.attempts.get(w)
+        before = self.addresses.get(w)
+        if new_attempt:
+            # an attempt on another host than the last one's: what its host holds of the
+            # worker (an older attempt's stores) is stale
+            if before is not None and before[0] != msg.addr[0]:
+                self.moved[w] = attempt
+            else:
+                self.moved.pop(w, None)
+        self.addresses[w] = list(msg.addr)
         self.attempts[w] = attempt
         self.pids[w] = msg.pid
         self.tasks[w] = msg.task
@@ -572,7 +545,7 @@ class Coordinator(Standbys):
         """Sends every worker the peers of the current generation, with what the mode adds."""
         peers = [self.members[i] for i in range(self.workers)]
         self.event("generation", workers=len(peers))
-        self.broadcast(control.Peers(self.gen, peers, extra))
+        self.broadcast(control.Peers(self.gen, peers, {**extra, "moved": dict(self.moved)}))
 
 
 def _progress_row(t: float, worker: int, c: dict) -> dict:

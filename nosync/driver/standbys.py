@@ -1,4 +1,4 @@
-"""The standbys half of the coordinator (`--standbys S`).
+"""The standbys half of the coordinator (`--standbys S`), and the attempts it replaced.
 
 S spare tasks start with the run (Spark's task indexes W to W + S - 1). Each registers, holds no
 partition and waits, beating. When a worker is lost or suspected, its index goes at once to a
@@ -9,6 +9,9 @@ retry of the killed task, when it comes, finds the index taken and stands by in 
 The coordinator numbers attempts: a process that registers with an attempt a promotion already
 used (Spark counts its own) is given the next one, so a restart is always attempt > 0 and
 newer than every earlier attempt of that worker, whichever process runs it.
+
+A replaced attempt's connection is still read (`_read_zombie`): a process that wakes reports
+what its fence refused before it stops, and its connection's end is its exit (`fencing`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import selectors
 import time
 
+from nosync.errors import FrameError
 from nosync.runtime import channels, control
 
 PLACE_TIMEOUT_S = 120.0
@@ -163,3 +167,43 @@ class Standbys:
         """A standby promoted to `w` went away before it registered: another one is promoted."""
         if self._promised.pop(conn, None) is not None and w in self.awaiting:
             self._replace(w)
+
+    # -- replaced attempts ----------------------------------------------------------------
+
+    def _read_zombie(self, conn: channels.Connection) -> None:
+        """What a replaced attempt sent: its `Zombie` report once it read `Replaced` (anything
+        else, a beat sent as it woke, changes nothing); its connection's end is its exit."""
+        z = self.zombies[conn]
+        try:
+            got = conn.receive()
+        except (FrameError, ConnectionError):
+            got = None
+        for f in got or ():
+            try:
+                msg = control.from_wire(f.body)
+            except FrameError:
+                continue
+            if isinstance(msg, control.Zombie):
+                z.update(woke=True, commits=msg.commits, writes=msg.writes)
+                self.event("zombie", worker=z["worker"], attempt=z["attempt"], commits=msg.commits, writes=msg.writes)
+        if got is None:
+            self._sel.unregister(conn.sock)
+            conn.close()
+            z["gone"] = True
+
+    def fencing(self) -> dict:
+        """The run's replaced attempts: how many there were, how many woke (they read that they
+        were replaced), what their fences refused, and how many have ended."""
+        zs = list(self.zombies.values())
+        return {
+            "zombies": len(zs),
+            "zombies_woke": sum(z["woke"] for z in zs),
+            "zombie_commits_refused": sum(z["commits"] for z in zs),
+            "zombie_writes_refused": sum(z["writes"] for z in zs),
+            "zombies_gone": sum(z["gone"] for z in zs),
+        }
+
+    def zombies_alive(self) -> list[int]:
+        """The workers of the replaced attempts whose connections have not ended: their tasks
+        may never end by themselves (a host stopped or cut off)."""
+        return sorted(z["worker"] for z in list(self.zombies.values()) if not z["gone"])

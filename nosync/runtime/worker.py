@@ -37,6 +37,7 @@ import logging
 import os
 import resource
 import selectors
+import shutil
 import signal
 import sys
 import threading
@@ -130,6 +131,7 @@ class Worker(Links):
         self._done_sent = False
         self._ready_sent = False
         self.sel: selectors.BaseSelector | None = None
+        self._stale_cleared = False
         self.replaced = False
         """Whether the coordinator replaced this attempt (a zombie): its stores are abandoned,
         not flushed, when it stops."""
@@ -233,6 +235,8 @@ class Worker(Links):
     def _start_generation(self, peers: control.Peers, p: PhysicalPlan) -> None:
         self.gen = peers.gen
         self.generations += 1
+        if (peers.extra.get("moved") or {}).get(self.index) == self.attempt and not self._stale_cleared:
+            self._clear_stale_root()
         self._connect_peers(peers.addresses, self.gen)
         self.build(p)
         self._open_selector()
@@ -242,6 +246,20 @@ class Worker(Links):
         self.restored = True
         self.report_ready()
         self.keepalive()
+
+    def _clear_stale_root(self) -> None:
+        """This attempt runs on another host than the one before it: what this host's local
+        root holds of the worker is an older attempt's, behind what the worker made durable
+        since (elsewhere). It goes, renamed away at once, so the stores restore from the
+        levels off the host (a peer's copy, the remote tier), as on a new machine."""
+        self._stale_cleared = True
+        root = self.places.local_root(self.index)
+        if not os.path.exists(root):
+            return
+        gone = f"{root}.stale-a{self.attempt}-{os.getpid()}"
+        os.rename(root, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+        log.warning("worker %s (attempt %s): removed an older attempt's local root %s", self.index, self.attempt, root)
 
     # -- the loop ---------------------------------------------------------------
 

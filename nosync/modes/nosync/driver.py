@@ -221,7 +221,8 @@ class NosyncMode(Mode):
         """Sends the new attempt the peers to restore alone with, and tells every other
         worker to connect to it."""
         peers = [coord.members[i] for i in range(coord.workers)]
-        coord.send(worker, control.Peers(coord.gen, peers, {"restore": True, "alone": True}))
+        extra = {"restore": True, "alone": True, "moved": dict(coord.moved)}
+        coord.send(worker, control.Peers(coord.gen, peers, extra))
         for w in range(coord.workers):
             if w != worker:
                 coord.send(

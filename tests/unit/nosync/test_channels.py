@@ -337,7 +337,7 @@ def test_coordinator_registers_a_worker_with_the_right_secret(coordinator):
             assert data, "the coordinator closed a registered worker's connection"
             got.extend(reader.feed(data))
         assert got[0].kind == frames.CONTROL
-        assert got[0].body == {"type": "peers", "gen": 0, "addresses": (("127.0.0.1", 4242),)}
+        assert got[0].body == {"type": "peers", "gen": 0, "addresses": (("127.0.0.1", 4242),), "moved": {}}
         assert 0 in coordinator.conns
         assert coordinator.attempts == {0: 0}
         assert coordinator.refused == 1
@@ -545,8 +545,8 @@ class FakeWorkerConn:
         with self.lock:
             self.sock.sendall(frames.encode(frames.CONTROL, {}, msg))
 
-    def register(self, worker: int, attempt: int, task: int) -> None:
-        addr = ["127.0.0.1", 4000 + worker]
+    def register(self, worker: int, attempt: int, task: int, host: str = "127.0.0.1") -> None:
+        addr = [host, 4000 + worker]
         self.send({"type": "register", "worker": worker, "attempt": attempt, "addr": addr, "task": task})
         self.beating.set()
 
@@ -672,6 +672,43 @@ def test_workers_lost_and_never_placed_again_fail_the_run_naming_them(tmp_path, 
         wait_until(lambda: c.failure is not None, "the run to fail")
         assert "workers 0, 1 lost and not placed again within 0.5 s" in c.failure, c.failure
         assert "--standbys" in c.failure
+    finally:
+        c.close()
+        for p in procs:
+            p.close()
+
+
+def test_an_attempt_on_another_host_than_the_last_ones_is_told_its_local_stores_are_stale(tmp_path):
+    """Worker 0's attempts run on hosts A, then B, then B again: the generation that takes
+    attempt 1 names it moved (what B holds of worker 0 is older than what A made durable);
+    attempt 2 runs where attempt 1 did, and is not."""
+    from nosync.options import RunOptions
+
+    c = Coordinator(
+        2,
+        SECRET,
+        get_mode("abs", RunOptions(mode="abs", run_dir=str(tmp_path))),
+        "run-1",
+        run_dir=str(tmp_path),
+        failure_timeout_s=5.0,
+    )
+    w0, w1 = FakeWorkerConn(c, 0), FakeWorkerConn(c, 1)
+    procs = [w0, w1]
+    try:
+        w0.register(0, 0, task=10, host="10.9.0.1")
+        w1.register(1, 0, task=11, host="10.9.0.2")
+        assert w1.wait_for("peers")["moved"] == {}
+        for attempt, host, moved in ((1, "10.9.0.3", {0: 1}), (2, "10.9.0.3", {})):
+            procs[0].close()  # its process died: the connection drops
+            wait_until(lambda a=attempt: c.gen >= a, f"the regroup after attempt {attempt - 1}'s loss")
+            retry = FakeWorkerConn(c, 0)
+            procs[0] = retry
+            retry.register(0, attempt, task=10 + attempt, host=host)
+            w1.got = []
+            rejoin = w1.wait_for("rejoin")["gen"]
+            w1.send({"type": "register", "worker": 1, "attempt": 0, "addr": ["10.9.0.2", 4001], "gen": rejoin})
+            peers = retry.wait_for("peers")
+            assert peers["gen"] == rejoin and peers["moved"] == moved, peers
     finally:
         c.close()
         for p in procs:
