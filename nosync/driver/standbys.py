@@ -147,11 +147,15 @@ class Standbys:
 
     def _replace(self, w: int) -> None:
         """Promotes a standby to worker `w`, lost: one on another host than the lost attempt's
-        where there is one. Without a standby, Spark's retry of the task is waited for."""
+        where there is one, and on a host that runs no other worker where there is one. Without
+        a standby, Spark's retry of the task is waited for."""
         if not self.standbys or self.failure is not None or self.finished:
             return
         lost_host = self.addresses.get(w, [None])[0]
-        sid = min(self.standbys, key=lambda k: (self.standbys[k]["host"] == lost_host, k))
+        busy = {self.addresses[x][0] for x in self.conns if x != w and x in self.addresses}
+        # off the lost attempt's host, then off the hosts running another worker
+        hosts = {k: self.standbys[k]["host"] for k in self.standbys}
+        sid = min(hosts, key=lambda k: (hosts[k] == lost_host, hosts[k] in busy, k))
         info = self.standbys.pop(sid)
         conn = info["conn"]
         attempt = self.max_attempt.get(w, -1) + 1
