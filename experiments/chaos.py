@@ -637,6 +637,16 @@ def chaos(
     if cluster is not None:
         options.update(master=cluster.master, remote=cluster.remote)
     dirs = {name: os.path.join(out, name) for name in ("reference", "reference-2", "chaos")}
+    if options.get("remote"):
+        # a run's folder on the shared tier is named by its directory's path: one an earlier
+        # chaos in the same --out left there would mix its output into these runs'
+        left = [shared_of(d, options["remote"]) for d in dirs.values()]
+        left = [where for where in left if storage.listdir(where)]
+        if left:
+            raise NosyncError(
+                f"--out {out}: the shared tier already holds runs of an earlier chaos in that directory "
+                f"({storage.redact(left[0])}); give a new --out"
+            )
 
     def outputs(run_dir: str) -> dict:
         got = committed_outputs(pipeline_file, {**params, "output": run_output(run_dir, options)})

@@ -112,7 +112,7 @@ class AbsHooks(WorkerHooks):
         self.aborted: set[int] = set()
         self.completed = -1
         """The newest checkpoint the coordinator said complete: the sinks commit up to it (a
-        commit their fence deferred is made again from `poll`)."""
+        commit their fence deferred is made again from `poll`, `SinkOp.deferred`)."""
         self.align: dict[str, dict[int, dict]] = {}
         self.acked = 0
         self.worker: Worker = None
@@ -309,7 +309,7 @@ class AbsHooks(WorkerHooks):
         """Acknowledges, oldest first, the checkpoints every instance has snapshotted and whose
         stores are durable on the checkpoint tier. Commits a sink's fence deferred go again."""
         for s in worker.sinks:
-            if s.precommitted and s.precommitted[0][0] <= self.completed:
+            if s.deferred:
                 s.commit_checkpoint(self.completed)
         if not self.pending:
             return

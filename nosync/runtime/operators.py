@@ -294,6 +294,9 @@ class SinkOp(Op):
     def __init__(self, node: Node, part: Any, clock: Any) -> None:
         super().__init__(node)
         self.fence: Callable[[], str | None] | None = None
+        self.deferred = False
+        """Whether the fence held back the last commit that had something ready: the mode
+        tries again (`commit_ready`), as its grant was."""
         self.part = part
         self.clock = clock
         self.committed = 0
@@ -359,13 +362,15 @@ class SinkOp(Op):
         their checkpoints. When the order of records matters to the part (`order_matters`), none
         passes one still waiting; otherwise each goes as soon as it is ready."""
         done: list[int] = []
+        self.deferred = False
         for c, handle in list(self.precommitted):
             if not ready(c):
                 if self.part.order_matters:
                     break
                 continue
             if not done and self.fence is not None and self.fence() is not None:
-                break  # counted by the fence, reported if this attempt learns it was replaced
+                self.deferred = True  # counted by the fence, reported if this attempt learns it was replaced
+                break
             self.precommitted.remove((c, handle))
             n = self.part.commit_precommit(c, handle)
             self._committed(n, self.precommit_ts.pop(c, []))

@@ -377,6 +377,7 @@ class Worker(Links):
             "worker": self.index,
             "attempt": self.attempt,
             "gen": self.gen,
+            "lease_left_s": round(self.lease_left(), 3),
             "operators": {
                 op.name: {"frontier": op.frontier, "blocked": len(op.blocked), "held": op.held_records}
                 for op in self.ops

@@ -22,6 +22,8 @@ WORKERS = (1, 2, 3, 4, 5)
 
 def allowed(mode: str, failure: str, tier: str | None, replicas: int | None, workers: int) -> bool:
     """The rules, as a table: who survives what."""
+    if failure in ("partition", "hang-machine"):
+        return False  # hosts of a cluster only (`--cluster`)
     if failure == "two" and workers < 2:
         return False
     if failure in ("process", "hang", "pause") or mode == "replay":
@@ -47,7 +49,9 @@ def test_refusal_of_every_mode_level_and_class(mode, failure):
             continue
         # the message names the class, and what it needs instead
         assert f"--failure {failure}" in said, (case, said)
-        if failure == "two" and workers < 2:
+        if failure in ("partition", "hang-machine"):
+            assert "--cluster" in said, (case, said)
+        elif failure == "two" and workers < 2:
             assert "-w 2" in said, (case, said)
         elif tier == "replicated" and mode == "abs":
             assert "mode nosync's" in said and "--checkpoint-tier remote" in said, (case, said)
@@ -57,6 +61,33 @@ def test_refusal_of_every_mode_level_and_class(mode, failure):
                 assert "--replicas 2" in said, (case, said)
         else:
             assert "--checkpoint-tier remote" in said and f"mode {mode} with --checkpoint-tier disk" in said, said
+
+
+@pytest.mark.parametrize("failure", ["partition", "hang-machine"])
+def test_a_failure_of_a_host_on_a_cluster_needs_a_level_off_the_host(failure):
+    """On a cluster the worker's replacement may run on another host: its disk does not follow."""
+    assert refusal("nosync", failure, "replicated", 1, 2, cluster=True) is None
+    assert refusal("abs", failure, "remote", None, 2, cluster=True) is None
+    assert refusal("replay", failure, None, None, 2, cluster=True) is None
+    said = refusal("nosync", failure, "disk", None, 2, cluster=True)
+    assert said is not None and f"--failure {failure}" in said and "--checkpoint-tier remote" in said
+
+
+def test_chaos_refuses_an_out_whose_runs_the_shared_tier_holds_already(tmp_path):
+    """A run's folder on the shared tier is named by its directory's path: an earlier chaos in
+    the same --out (its local directory since removed) would mix its output into the new runs'."""
+    from experiments.chaos import chaos
+    from nosync.errors import NosyncError
+    from nosync.places import shared_of
+
+    out, remote = tmp_path / "chaos", tmp_path / "shared"
+    earlier = os.path.join(shared_of(str(out / "reference"), str(remote)), "output")
+    os.makedirs(earlier)
+    with open(os.path.join(earlier, "part-0"), "w") as f:
+        f.write("an earlier run's output\n")
+    with pytest.raises(NosyncError, match="already holds runs of an earlier chaos in that directory"):
+        chaos(os.path.join(WORKLOADS, "keyed_count.py"), "nosync", 2, 1, 1, {}, str(out), {"remote": str(remote)})
+    assert os.listdir(out) == [], "a run started"
 
 
 def test_refusal_messages_read_as_the_cli_prints_them():

@@ -543,6 +543,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             "queued": {j: len(q) for j, q in self.queue.items()},
             "outlog": {j: [q[0][0], q[-1][0], len(q)] if q else [] for j, q in self.outlog.frames.items()},
             "sinks_uncommitted": [s.name for s in worker.sinks if s.uncommitted],
+            "sinks_deferred": [s.name for s in worker.sinks if s.deferred],  # held back by the lease
             "interval_s": self.interval_s,
         }
 
@@ -585,8 +586,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         } | self.levels_metrics()
 
     def close(self, worker: Worker) -> None:
-        """Stops the bulk loader, closes the output log and the stores (an error closing a store
-        is logged, not raised); a replaced attempt abandons its stores (its replacement redoes)."""
+        """Stops the bulk loader, closes the output log and stores (a replaced attempt abandons them)."""
         if self.loader is not None:
             self.loader.stop()
         if self.outlog is not None:

@@ -216,6 +216,8 @@ class Snapshots:
             self._cut(worker)
         if self.pending:
             self._durable(worker)
+        if any(s.deferred for s in worker.sinks):
+            self._commit_safe(worker)  # a commit the fence held back, now that the lease may be back
 
     def _sinks_moved(self, worker: Worker) -> bool:
         return any(self.sink_frontiers.get(s.name, -1) != s.frontier for s in worker.sinks)
