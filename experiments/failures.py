@@ -90,6 +90,9 @@ def refusal(
     what = "worker i's local disk" if lost == 1 else "two workers' local disks at once"
     if cluster and failure == "process":
         what = "worker i's local disk to its retry, which Spark may run on another executor"
+    elif failure in OF_HOSTS:
+        # nothing of the host is lost, but its worker is replaced on another host
+        what = "worker i's local disk to its replacement, which runs on another host (a standby, or Spark's retry)"
     head = f"--failure {failure} loses {what}: mode {mode} with --checkpoint-tier {tier}"
     if tier == "remote":
         return None
