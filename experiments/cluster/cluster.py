@@ -20,7 +20,6 @@ dropped both ways, no connection is reset; its loopback works), `heal_host` rest
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -142,21 +141,7 @@ class Cluster:
         Python workers: a machine that stopped answering. Returns their pids once each is
         stopped; one forked meanwhile is stopped too. `kill_host` kills stopped processes."""
         self._check(host)
-        stopped: set[int] = set()
-        deadline = time.monotonic() + 30.0
-        while True:
-            pids = [p for p in processes.netns_pids(host.name) if p not in stopped or not processes.is_stopped(p)]
-            if not pids:
-                return sorted(stopped)
-            if time.monotonic() > deadline:
-                raise ClusterError(f"{host.name}: processes {pids} not stopped within 30 s of SIGSTOP")
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                except ProcessLookupError:
-                    continue
-                stopped.add(pid)
-            time.sleep(0.005)
+        return processes.stop_namespace(host.name)
 
     def restart_host(self, host: Host, timeout: float = RESTART_TIMEOUT_S) -> None:
         """Starts a Spark worker on `host`, which runs nothing (`kill_host`), with a fresh,

@@ -233,18 +233,36 @@ def kill_namespace(namespace: str, timeout: float = 30.0) -> float:
     """SIGKILLs every process in `namespace` until none is left (one forked meanwhile too);
     returns `time.time()` when the last was gone, with it the mount namespaces (and their
     tmpfs) only those processes held. ClusterError if some survive `timeout` seconds."""
+    _signal_namespace(namespace, signal.SIGKILL, lambda pid: False, timeout, "alive")
+    return time.time()
+
+
+def stop_namespace(namespace: str, timeout: float = 30.0) -> list[int]:
+    """SIGSTOPs every process in `namespace` until each is stopped (one forked meanwhile too);
+    returns their pids. ClusterError if some are not stopped within `timeout` seconds."""
+    return sorted(_signal_namespace(namespace, signal.SIGSTOP, is_stopped, timeout, "not stopped"))
+
+
+def _signal_namespace(
+    namespace: str, sig: signal.Signals, done: Callable[[int], bool], timeout: float, what: str
+) -> set[int]:
+    """Sends `sig` to every process in `namespace` that is not `done`, again until every one
+    left is; returns the pids signalled."""
     deadline = time.monotonic() + timeout
-    while pids := netns_pids(namespace):
+    signalled: set[int] = set()
+    while pids := [pid for pid in netns_pids(namespace) if not done(pid)]:
         if time.monotonic() > deadline:
-            raise ClusterError(f"{namespace}: processes {pids} still alive {timeout:.0f} s after SIGKILL")
+            raise ClusterError(f"{namespace}: processes {pids} still {what} {timeout:.0f} s after {sig.name}")
         for pid in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
             except ProcessLookupError:
-                pass
-            _reap(pid)
+                continue
+            signalled.add(pid)
+            if sig == signal.SIGKILL:
+                _reap(pid)
         time.sleep(0.002)
-    return time.time()
+    return signalled
 
 
 def stop(pid: int, timeout: float = 10.0) -> None:
