@@ -88,6 +88,9 @@ def test_down_leaves_nothing_even_without_its_state_file(hosts_possible, cli, no
         assert c is not None and [h.address for h in c.hosts] == ["10.213.254.11"]
         # a process on the host beside its worker, in its private mount namespace
         extra = subprocess.Popen(["nsenter", "-t", str(c.worker_pid(c.hosts[0])), "-n", "-m", "--", "sleep", "600"])
+        # a host left cut off and stopped (a chaos run interrupted): taken down all the same
+        c.cut_host(c.hosts[0])
+        assert extra.pid in c.stop_host(c.hosts[0])
         os.unlink(os.path.join(c.state_dir, "cluster.json"))  # `down` must find it all by name
 
         out = cli("cluster", "down", "--name", name)
