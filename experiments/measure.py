@@ -7,7 +7,8 @@ or it raises: a figure from a run that lost records would mean nothing.
 - `steady`: a failure-free run; its summary's figures.
 - `recovery`: a run whose last worker gets SIGKILL once half the records are read and the mode
   has something to recover from; optionally at a chosen phase of the checkpoint (or
-  persistence) interval. Its figures come from the run's own recovery rows.
+  persistence) interval. Its figures come from the recovery row that kill caused
+  (`caused_by`); a run whose kill did not come, or caused no recovery, says so.
 """
 
 from __future__ import annotations
@@ -192,71 +193,96 @@ def recovery(
     durable snapshot of its own under nosync; not waited for without `after_event`). `options`
     go to the run. With `phase` in [0, 1), the kill waits for the next event that gave it such
     state after that point and comes `phase` x the interval after it: the kill moved across
-    the interval. A run whose input ends before the kill raises, or with `missed_ok` returns
-    `kill_missed`."""
+    the interval. The figures are those of the recovery the kill caused (`caused_by`); the
+    run's other recoveries are counted (`other_recoveries`), not measured. A run whose input
+    ends before the kill (or whose kill caused no recovery) raises, or with `missed_ok`
+    returns `kill_missed`. No kill comes once the run is over."""
 
     victim = workers - 1
     events = Progress(os.path.join(d, "events.jsonl"))
     killed: dict = {}
     state: dict = {"read": 0}
     gap_s = (interval_ms or 1000) / 1000.0
+    # Invariant: no kill once the run is over. Spark reuses its Python worker processes, so
+    # the victim's pid may run a worker of the next run, which a late kill would make recover.
+    # `lock` orders a kill (timer thread) against the progress callback and the run's end.
+    lock = threading.RLock()
+    timers: list[threading.Timer] = []
 
     def kill() -> None:
-        pid = events.pid_of(victim)
-        if pid is None or killed:
-            return
-        try:
-            os.kill(pid, signal.SIGSTOP if failure == "hang" else signal.SIGKILL)
-        except ProcessLookupError:
-            return  # the run had ended: it reports no recovery
-        now = time.time()
-        killed["pid"] = pid
-        if failure == "machine":
-            lose_machines(d, [victim])
-        killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))
+        with lock:
+            if killed or state.get("ended"):
+                return
+            events.poll()
+            pid = events.pid_of(victim)
+            if pid is None or events.over:
+                return
+            now = time.time()  # before the signal: the loss it causes comes after it
+            try:
+                os.kill(pid, signal.SIGSTOP if failure == "hang" else signal.SIGKILL)
+            except ProcessLookupError:
+                return  # the run had ended: it reports no recovery
+            killed["pid"] = pid
+            if failure == "machine":
+                lose_machines(d, [victim])
+            killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))
         progress(f"mode {mode}: killed worker {victim} at {state['read']:,} records read")
 
     def watch(p: dict) -> None:
-        state.update(read=p["read"], t=p.get("t", 0.0), wall=time.time())
-        if killed or "armed" in state or p["read"] < records * kill_after:
-            return
-        events.poll()
-        if after_event and not events.restorable(mode, [victim]):
-            return
-        if phase is None:
-            kill()
-            return
-        # the first progress event from now on starts the interval the kill falls in
-        since = state.setdefault("since", len(events.seen))
-        ev = [e for e in events.seen[since:] if restores_to(mode, e, victim)]
-        if ev:
-            state["armed"] = ev[0]["t"]
-            delay = max(0.0, ev[0]["t"] + phase * gap_s - time.time())
-            threading.Timer(delay, kill).start()
+        with lock:
+            state.update(read=p["read"], t=p.get("t", 0.0), wall=time.time())
+            if killed or "armed" in state or p["read"] < records * kill_after:
+                return
+            events.poll()
+            if after_event and not events.restorable(mode, [victim]):
+                return
+            if phase is None:
+                kill()
+                return
+            # the first progress event from now on starts the interval the kill falls in
+            since = state.setdefault("since", len(events.seen))
+            ev = [e for e in events.seen[since:] if restores_to(mode, e, victim)]
+            if ev:
+                state["armed"] = ev[0]["t"]
+                delay = max(0.0, ev[0]["t"] + phase * gap_s - time.time())
+                timers.append(threading.Timer(delay, kill))
+                timers[-1].start()
 
     try:
-        s = _run(
-            spark,
-            d,
-            mode,
-            workers,
-            records,
-            keys,
-            0.0,
-            seed,
-            interval_ms,
-            tier,
-            workload,
-            progress=watch,
-            **(options or {}),
-        )
-        recs = s.get("recoveries") or []
-        if not recs and missed_ok:
-            # the input ended before the mode had anything to recover from: said, not hidden
-            return {"kill_missed": True, "records_per_s": s["records_per_s"]}
-        if not recs:
-            raise AssertionError(f"mode {mode}: the run ended before the kill")
-        r = recs[0]
+        try:
+            s = _run(
+                spark,
+                d,
+                mode,
+                workers,
+                records,
+                keys,
+                0.0,
+                seed,
+                interval_ms,
+                tier,
+                workload,
+                progress=watch,
+                **(options or {}),
+            )
+        finally:
+            with lock:
+                state["ended"] = True
+            for t in timers:
+                t.cancel()
+        r, others = caused_by(s.get("recoveries") or [], victim, killed.get("at"))
+        if r is None and missed_ok:
+            # the kill did not come (the input ended first), or came after the victim's work
+            # was done: no recovery of it to measure; said, not hidden
+            return {
+                "kill_missed": True,
+                "killed_at_read": killed.get("at_read"),
+                "other_recoveries": others,
+                "records_per_s": s["records_per_s"],
+            }
+        if r is None:
+            what = "the run ended before the kill" if not killed else "the kill caused no recovery of the worker"
+            raise AssertionError(f"mode {mode}: {what} ({others} other recoveries)")
         back = r.get("back_to_90_s")
         return {
             # from the failure itself: for a hang, the silence before the loss counts too
@@ -270,6 +296,7 @@ def recovery(
             "frames_replayed": r.get("frames_replayed"),
             "restored_from": (r.get("restored_from") or {}).get(str(victim)) or "-",
             "kill_missed": False,
+            "other_recoveries": others,
             "killed_at_read": killed.get("at_read"),
             "killed_at_s": killed.get("at_s"),
             # how long after the progress event the kill came (the phase, as it happened)
@@ -300,3 +327,13 @@ def recovery(
                 pass
         if not keep:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def caused_by(recoveries: list[dict], victim: int, killed_at: float | None) -> tuple[dict | None, int]:
+    """The recovery row a kill of worker `victim` at `killed_at` (None: no kill) caused: the
+    first loss of that worker at or after it. With the number of the run's other recovery rows
+    (a worker suspected for another reason), which a caller reports rather than measures."""
+    mine = None
+    if killed_at is not None:
+        mine = next((r for r in recoveries if r.get("worker") == victim and r["lost_at"] >= killed_at), None)
+    return mine, len(recoveries) - (mine is not None)
