@@ -33,7 +33,11 @@ NAMES = (
     show_default=True,
     help="Where the Parquet tables, figures and REPORT.md go; a second run resumes there.",
 )
-@click.option("--quick", is_flag=True, help="A reduced grid of each experiment (all seven: about 12 min on 2 cores).")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help=f"A reduced grid of each experiment (there are {len(NAMES)}): to check the figures' pipeline, not to quote.",
+)
 @click.option("--seed", type=int, default=1, show_default=True, help="The data seed of repetition 0 (rep r: seed + r).")
 @master_option("embedded")
 @click.option(
