@@ -1,8 +1,9 @@
 """Run metrics: a summary (JSON) and tables (Parquet) under the run directory.
 
 - summary.json: mode, workers, records read and committed, throughput (first record read to
-  last commit), start-up time, latency p50/p99/max (source ingest to sink commit, record
-  weighted), per-operator records in/out and busy time, dead letters;
+  last commit), start-up time, latency p50/p99/p99.9/max (source ingest to sink commit, record
+  weighted; the quantiles from the workers' merged histograms, to within 0.4%, the max exact:
+  `nosync.runtime.histogram`), per-operator records in/out and busy time, dead letters;
 - throughput.parquet: the progress samples (time, records read, records committed);
 - operators.parquet: one row per (worker, operator);
 - whatever tables the mode adds (abs: checkpoints.parquet, one row per completed checkpoint,
@@ -20,28 +21,22 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
-
-def percentile(weighted: list[tuple[float, int]], q: float) -> float | None:
-    """The q-quantile of values weighted by counts."""
-    if not weighted:
-        return None
-    ordered = sorted(weighted)
-    total = sum(n for _, n in ordered)
-    target = q * total
-    acc = 0
-    for v, n in ordered:
-        acc += n
-        if acc >= target:
-            return v
-    return ordered[-1][0]
+from nosync.driver.rows import RowLog, to_parquet
+from nosync.runtime.histogram import Histogram
 
 
 def summarize(run: dict, done: dict[int, dict]) -> dict:
     """The run's summary: `run` with records read and committed, dead letters, memory, latency
     percentiles and per-operator totals over the finished workers."""
-    lat = [tuple(x) for d in done.values() for x in d["metrics"].get("latencies", [])]
+    lat = Histogram()
+    for d in done.values():
+        wire = d["metrics"].get("latency")
+        if wire is not None:
+            lat.merge(Histogram.from_wire(wire))
     ops: dict[str, dict] = {}
     for d in done.values():
         for name, m in d["metrics"]["operators"].items():
@@ -56,9 +51,10 @@ def summarize(run: dict, done: dict[int, dict]) -> dict:
         "records_committed": committed,
         "dead_letters": sum(d["metrics"]["dead_letters"] for d in done.values()),
         "peak_rss_mb": sum(d["metrics"].get("peak_rss_mb", 0) for d in done.values()),
-        "latency_p50_ms": _ms(percentile(lat, 0.5)),
-        "latency_p99_ms": _ms(percentile(lat, 0.99)),
-        "latency_max_ms": _ms(max((v for v, _ in lat), default=None)),
+        "latency_p50_ms": _ms(lat.quantile(0.5)),
+        "latency_p99_ms": _ms(lat.quantile(0.99)),
+        "latency_p999_ms": _ms(lat.quantile(0.999)),
+        "latency_max_ms": _ms(lat.max),
         "operators": ops,
     }
     return out
@@ -78,76 +74,149 @@ def read_rate(points: list[tuple[float, int]], t0: float, t1: float) -> float | 
 
 
 def add_recovery_times(
-    recoveries: list[dict], samples: list[dict], launched: float, per_worker: list[dict] | None = None
+    recoveries: list[dict], samples: Iterable[dict], launched: float, per_worker: Iterable[dict] | None = None
 ) -> None:
     """Adds `back_to_90_s` to each recovery, from the progress samples (t: seconds since
     `launched`, read: records read so far), and `caught_up_s` from the per-worker ones (t: wall
     time, worker, read): loss to the first sample in which every worker has read again at least
     what it had read in its last sample before the loss (None: the run ended first). A worker a
     mode did not set back (a survivor in nosync) is caught up throughout; one it did, the lost
-    one or every one in a rollback, once it has redone its work."""
-    _add_caught_up(recoveries, per_worker or [])
-    pts = [(s["t"], s["read"]) for s in samples]
-    for r in recoveries:
-        lost = r["lost_at"] - launched
-        before = read_rate(pts, lost - 3.0, lost)
-        r["back_to_90_s"] = None
-        if not before or "restored_at" not in r:
-            continue
-        start = r["restored_at"] - launched
-        for t, _ in pts:
-            if t < start:
-                continue
-            now = read_rate(pts, t, t + 1.0)
-            if now is not None and now >= 0.9 * before:
-                r["back_to_90_s"] = t - lost
-                break
+    one or every one in a rollback, once it has redone its work.
+
+    Both series come in time order and are read once, a row at a time (a `rows.RowLog` reads
+    its file): what is held is a few seconds of samples around each loss, whatever the run's
+    length."""
+    _add_caught_up(recoveries, per_worker or ())
+    pending = [_BackTo90(r, launched) for r in recoveries]
+    for s in samples:
+        pending = [b for b in pending if not b.feed(s["t"], s["read"])]
+        if not pending:
+            return
+    for b in pending:
+        b.finish()
 
 
-def _add_caught_up(recoveries: list[dict], rows: list[dict]) -> None:
-    by_t: dict[float, dict[int, dict]] = {}
+class _BackTo90:
+    """One recovery's `back_to_90_s`, fed the samples in time order: the first and last sample
+    of the 3 s before the loss (`read_rate` needs no more), then from the restore the samples
+    of the 1 s window after each, until one window's rate is back to 90%."""
+
+    def __init__(self, rec: dict, launched: float) -> None:
+        self.rec = rec
+        rec["back_to_90_s"] = None
+        self.lost = rec["lost_at"] - launched
+        self.start = rec["restored_at"] - launched if "restored_at" in rec else None
+        self.first: tuple[float, int] | None = None
+        self.last: tuple[float, int] | None = None
+        self.before: float | None = None
+        self.known = False
+        """Whether a sample after the loss came: `before` is final."""
+        self.window: deque[tuple[float, int]] = deque()
+
+    def feed(self, t: float, read: int) -> bool:
+        """Takes the next sample; True once the recovery's time is found or cannot be."""
+        if self.start is None:
+            return True
+        if self.lost - 3.0 <= t <= self.lost:
+            self.first = self.first or (t, read)
+            self.last = (t, read)
+        elif t > self.lost and not self.known and self._know():
+            return True
+        if t >= self.start:
+            self.window.append((t, read))
+        return self.known and self._judge(complete_only=True)
+
+    def finish(self) -> None:
+        """The samples ended: judges the windows left with what they hold."""
+        if self.start is not None and (self.known or not self._know()):
+            self._judge(complete_only=False)
+
+    def _know(self) -> bool:
+        """Fixes `before`; True when there is none (no rate to get back to)."""
+        self.known = True
+        if self.first and self.last and self.last[0] > self.first[0]:
+            self.before = (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
+        return not self.before
+
+    def _judge(self, complete_only: bool) -> bool:
+        w = self.window
+        assert self.before is not None
+        while w and (not complete_only or w[-1][0] > w[0][0] + 1.0):
+            t0 = w[0][0]
+            inside = [p for p in w if p[0] <= t0 + 1.0]
+            if len(inside) >= 2 and inside[-1][0] > t0:
+                rate = (inside[-1][1] - inside[0][1]) / (inside[-1][0] - t0)
+                if rate >= 0.9 * self.before:
+                    self.rec["back_to_90_s"] = t0 - self.lost
+                    return True
+            w.popleft()
+        return False
+
+
+def _add_caught_up(recoveries: list[dict], rows: Iterable[dict]) -> None:
+    # one pass over the rows, a time's rows at a time (they come grouped and in time order)
+    pending = [_CaughtUp(r) for r in recoveries]
+    t = float("nan")  # equal to no time: the first row starts a group
+    group: dict[int, dict] = {}
     for r in rows:
-        by_t.setdefault(r["t"], {})[r["worker"]] = r
-    times = sorted(by_t)
-    for rec in recoveries:
-        lost = rec["lost_at"]
+        if r["t"] != t:
+            if group:
+                pending = [c for c in pending if not c.feed(t, group)]
+            t, group = r["t"], {}
+        group[r["worker"]] = r
+        if not pending:
+            return
+    if group:
+        for c in pending:
+            c.feed(t, group)
+
+
+class _CaughtUp:
+    """One recovery's `caught_up_s`, fed each time's per-worker rows in time order."""
+
+    def __init__(self, rec: dict) -> None:
+        self.rec = rec
         rec["caught_up_s"] = None
-        # each worker's last report before the loss (the lost one's is also recorded at the loss)
-        need = {w: r["read"] for t in times if t < lost for w, r in by_t[t].items()}
-        if not need:
-            continue
-        start = max(lost, rec.get("restored_at", lost))
-        for t in times:
-            if t <= start:
-                continue
-            now = by_t[t]
-            # the lost worker counts once its next attempt has a restored position of its own:
-            # until then the samples keep the count its lost attempt had last reported
-            again = now.get(rec["worker"], {})
-            if again.get("attempt", 0) <= rec.get("attempt", 0) or not again.get("positioned", True):
-                continue
-            if all(now.get(w, {}).get("read", 0) >= n for w, n in need.items()):
-                rec["caught_up_s"] = t - lost
-                break
+        self.lost = rec["lost_at"]
+        self.start = max(self.lost, rec.get("restored_at", self.lost))
+        self.need: dict[int, int] = {}
+        """Each worker's last report before the loss (the lost one's is also recorded at the loss)."""
+
+    def feed(self, t: float, now: dict[int, dict]) -> bool:
+        """Takes the rows of time `t`; True once the time is found or cannot be."""
+        if t < self.lost:
+            self.need.update((w, r["read"]) for w, r in now.items())
+            return False
+        if t <= self.start:
+            return False
+        if not self.need:
+            return True
+        rec = self.rec
+        # the lost worker counts once its next attempt has a restored position of its own:
+        # until then the samples keep the count its lost attempt had last reported
+        again = now.get(rec["worker"], {})
+        if again.get("attempt", 0) <= rec.get("attempt", 0) or not again.get("positioned", True):
+            return False
+        if all(now.get(w, {}).get("read", 0) >= n for w, n in self.need.items()):
+            rec["caught_up_s"] = t - self.lost
+            return True
+        return False
 
 
-def write(run_dir: str, summary: dict, samples: list[dict], done: dict[int, dict], tables: dict | None = None) -> None:
-    """Writes summary.json, throughput.parquet, operators.parquet and the mode's
-    `tables` into `run_dir`."""
-    import pyarrow as pa  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
-    import pyarrow.parquet as pq  # lazy: pyarrow costs ~0.3 s to import and only this path needs it
-
+def write(
+    run_dir: str, summary: dict, samples: Iterable[dict], done: dict[int, dict], tables: dict | None = None
+) -> None:
+    """Writes summary.json, throughput.parquet (`samples`), operators.parquet and the mode's
+    `tables` into `run_dir`. A series (samples or table) may be a list or a `rows.RowLog`,
+    written a row group at a time; a RowLog's file goes once its table is written."""
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1, sort_keys=True, default=str)
-    if samples:
-        pq.write_table(pa.Table.from_pylist(samples), os.path.join(run_dir, "throughput.parquet"))
     rows: list[dict[str, Any]] = []
     for w, d in sorted(done.items()):
         for name, m in d["metrics"]["operators"].items():
             rows.append({"worker": w, "operator": name, **{k: float(v) for k, v in m.items()}})
-    if rows:
-        pq.write_table(pa.Table.from_pylist(rows), os.path.join(run_dir, "operators.parquet"))
-    for name, table in (tables or {}).items():
-        if table:
-            pq.write_table(pa.Table.from_pylist(table), os.path.join(run_dir, f"{name}.parquet"))
+    for name, table in {"throughput": samples, "operators": rows, **(tables or {})}.items():
+        to_parquet(table, os.path.join(run_dir, f"{name}.parquet"))
+        if isinstance(table, RowLog):
+            table.remove()

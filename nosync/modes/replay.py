@@ -243,6 +243,7 @@ class ReplayMode(Mode):
                 self.spark,
                 batch_size=self.spec.get("batch_size", 1024),
                 run_dir=self.run_dir,
+                max_dead_letters=self.options.max_dead_letters,
             )
             result.update(batch_s=time.time() - t0, records_recomputed=got["read"])
         except Exception as e:  # noqa: BLE001 - reported by the coordinator's loop

@@ -6,7 +6,12 @@ control message to the coordinator, flushed at once; a batch task's result row),
 driver appends it to `dead-letter-w<i>.jsonl` in the run directory (`DeadLetterFile`), one
 JSON line each, written once however often the record is read: a restarted worker, or one
 that rolled back, reads some input again, and a resumed run may read a file the last run
-wrote."""
+wrote.
+
+Both sides keep the keys of the records they hold, in memory, so each is bounded by
+`max_dead_letters` (`--max-dead-letters`, per worker): a worker's next bad record past it
+fails the run, saying how many and naming the option, rather than the set growing with the
+input's faults for as long as the run lasts."""
 
 from __future__ import annotations
 
@@ -16,17 +21,29 @@ from collections.abc import Callable
 from typing import Any
 
 from nosync.errors import BadRecord, RunFailed
+from nosync.options import MAX_DEAD_LETTERS
 
 
 class DeadLetters:
     """The dead letters of one worker: each bad record goes to `send` (as a map: source, file,
-    position, error) once; with `fail`, a bad record fails the run instead."""
+    position, error) once; with `fail`, a bad record fails the run instead, and so does one past
+    `max_dead_letters` (None: no bound)."""
 
-    def __init__(self, send: Callable[[dict], None], fail: bool) -> None:
+    def __init__(
+        self, send: Callable[[dict], None], fail: bool, max_dead_letters: int | None = MAX_DEAD_LETTERS
+    ) -> None:
         self.send = send
         self.fail = fail
+        self.max_dead_letters = max_dead_letters
         self.count = 0
         self._seen: set = set()
+
+    @classmethod
+    def of_spec(cls, send: Callable[[dict], None], spec: dict) -> DeadLetters:
+        """The dead letters a worker's (or a batch task's) spec asks for: its `on_bad_record`
+        and `max_dead_letters`."""
+        fail = spec.get("on_bad_record", "deadletter") == "fail"
+        return cls(send, fail, spec.get("max_dead_letters", MAX_DEAD_LETTERS))
 
     def write(self, op_name: str, bad: BadRecord) -> None:
         """Hands over `bad`, read by source `op_name`, unless this worker did already."""
@@ -35,6 +52,7 @@ class DeadLetters:
         key = _dead_letter_key(op_name, bad.source, bad.position)
         if key in self._seen:
             return
+        _check_bound(len(self._seen) + 1, self.max_dead_letters, f"source '{op_name}': {bad}")
         self._seen.add(key)
         self.send({"source": op_name, "file": bad.source, "position": bad.position, "error": str(bad)})
         self.count += 1
@@ -43,10 +61,12 @@ class DeadLetters:
 class DeadLetterFile:
     """One worker's dead-letter file in the run directory, written by the driver: `add` appends
     a dead letter the file does not hold yet (the file opened, and the letters in it read, at
-    the first one)."""
+    the first one); one that would make the file hold more than `max_dead_letters` (None: no
+    bound) fails the run instead."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_dead_letters: int | None = MAX_DEAD_LETTERS) -> None:
         self.path = path
+        self.max_dead_letters = max_dead_letters
         self.count = 0
         self._file: Any = None
         self._seen: set = set()
@@ -59,6 +79,7 @@ class DeadLetterFile:
         key = _dead_letter_key(letter["source"], letter["file"], letter["position"])
         if key in self._seen:
             return False
+        _check_bound(len(self._seen) + 1, self.max_dead_letters, f"source '{letter['source']}': {letter['error']}")
         self._seen.add(key)
         line = {k: letter[k] for k in ("source", "file", "position", "error")}
         self._file.write(json.dumps(line, default=str) + "\n")
@@ -76,6 +97,15 @@ class DeadLetterFile:
 def dead_letter_path(run_dir: str, worker: int) -> str:
     """The dead-letter file of worker `worker` in the run directory `run_dir`."""
     return os.path.join(run_dir, f"dead-letter-w{worker}.jsonl")
+
+
+def _check_bound(count: int, limit: int | None, last: str) -> None:
+    """Fails the run if `count` dead letters are more than `limit`; `last`: the one that made it."""
+    if limit is not None and count > limit:
+        raise RunFailed(
+            f"{count} dead letters, more than --max-dead-letters {limit} allows (records a source could "
+            f"not read; the last: {last}): fix the input, or raise the limit"
+        )
 
 
 def _dead_letter_key(source: str, file: str, position: Any) -> tuple:

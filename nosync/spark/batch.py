@@ -59,7 +59,7 @@ from nosync.api.loader import load_pipeline, pipeline_source
 from nosync.api.pipeline import KEYED_KINDS, require_replayable
 from nosync.api.plan import plan
 from nosync.errors import NosyncError, PipelineError, RunFailed
-from nosync.runtime.dead_letters import DeadLetterFile, dead_letter_path
+from nosync.runtime.dead_letters import MAX_DEAD_LETTERS, DeadLetterFile, dead_letter_path
 from nosync.runtime.graph import graph_edges
 from nosync.spark.session import get_spark
 from nosync.spark.stages import loop_blocks, stage_entries, stages
@@ -165,14 +165,16 @@ def recompute_states(
     spark: Any,
     batch_size: int = 1024,
     run_dir: str | None = None,
+    max_dead_letters: int | None = MAX_DEAD_LETTERS,
 ) -> dict:
     """Recomputes every operator instance of the pipeline as it stood at the end of epoch
     `until_epoch` and writes them, per worker and stage, under `dump_dir` (a path or URI the
     workers reach: `w<worker>-s<stage>.msgpack`, operator name -> its meta and keyed state).
-    The records its sources cannot read go to the dead letters of the run in `run_dir`."""
+    The records its sources cannot read go to the dead letters of the run in `run_dir`, at most
+    `max_dead_letters` a worker (the run's --max-dead-letters)."""
     dump_dir = _place(dump_dir)
     storage.makedirs(dump_dir)
-    extra = {"dump_dir": dump_dir, "until_epoch": until_epoch}
+    extra = {"dump_dir": dump_dir, "until_epoch": until_epoch, "max_dead_letters": max_dead_letters}
     r, _ = run_jobs(
         pipeline_file, params, workers, spark, None, epoch_records, batch_size, dump_dir, extra, dead_letters=run_dir
     )
@@ -306,6 +308,7 @@ def run_jobs(
         "run_dir": run_dir,
         "run_id": uuid.uuid4().hex,
         "on_bad_record": "deadletter",
+        "max_dead_letters": MAX_DEAD_LETTERS,
         **extra,
     }
     if spark is None:
@@ -351,8 +354,11 @@ def run_jobs(
                 if dead_letters is not None:
                     w, letter = codec.unpack(data)
                     if w not in letters:
-                        letters[w] = DeadLetterFile(dead_letter_path(dead_letters, w))
-                    letters[w].add(letter)
+                        letters[w] = DeadLetterFile(dead_letter_path(dead_letters, w), spec["max_dead_letters"])
+                    try:
+                        letters[w].add(letter)
+                    except RunFailed as e:
+                        raise RunFailed(f"worker {w}: {e}") from None
             else:
                 got.append(tuple(codec.unpack(data)))
         rows.append(totals.pop("rows"))
