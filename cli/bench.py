@@ -194,6 +194,67 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
     )
 
 
+@bench.command("sustain")
+@click.option("--modes", default="none,abs,nosync", show_default=True, help="Comma-separated modes; none first.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.option("--value-bytes", type=click.IntRange(min=0), default=0, show_default=True, help="Bytes of state per key.")
+@click.option(
+    "--interval-ms",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="abs's checkpoint interval and nosync's persistence interval alike.",
+)
+@click.option("--warmup-s", type=click.FloatRange(min=0), default=20.0, show_default=True)
+@click.option(
+    "--window-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="The steady window after the warm-up: at least 30 intervals.",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="Bisection steps per mode.")
+@click.option(
+    "--max-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="The bisection's upper bound, records/s per partition (default: 1.25x mode none unpaced).",
+)
+@master_option()
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+def bench_sustain(
+    modes, workers, keys, value_bytes, interval_ms, warmup_s, window_s, steps, max_rate, master, as_json
+) -> None:
+    """The highest input rate each mode sustains (its backlog does not grow over the window),
+    then latency p50/p99/p99.9 at 50% and 80% of mode none's."""
+    from experiments.bench import sustain
+
+    picked = _modes(modes)
+    try:
+        sustain.check_window(window_s, interval_ms)
+    except Exception as e:  # noqa: BLE001 - a NosyncError: a usage error
+        raise click.UsageError(str(e)) from None
+    _report(
+        "sustain",
+        lambda progress: sustain.run(
+            picked,
+            workers,
+            keys,
+            value_bytes=value_bytes,
+            interval_ms=interval_ms,
+            warmup_s=warmup_s,
+            window_s=window_s,
+            steps=steps,
+            max_rate=max_rate,
+            master=master,
+            progress=progress,
+        ),
+        sustain.render,
+        as_json,
+    )
+
+
 @bench.command("hosts")
 @click.option(
     "--cluster",

@@ -36,7 +36,8 @@ from nosync.modes import MODES
     "state/w<i> and the part files it was writing); two workers' machines at once (needs -w 2 or more); hang: its "
     "process stopped (SIGSTOP) for good; pause: stopped for a time drawn around the failure timeout, then resumed; "
     "on a cluster (--cluster) only: partition: its host's network cut for a time drawn around the failure timeout, "
-    "then restored; hang-machine: every process of its host stopped for good.",
+    "then restored; hang-machine: every process of its host stopped for good; stop: no failure but a clean stop "
+    "(SIGTERM), then --resume.",
 )
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(

@@ -15,6 +15,7 @@ from cli.inspect import inspect_cmd
 from cli.rewind import rewind_cmd
 from cli.run import run_cmd
 from cli.state import state_cmd
+from cli.stop import stop_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,6 +35,7 @@ main.add_command(inspect_cmd)
 main.add_command(rewind_cmd)
 main.add_command(run_cmd)
 main.add_command(state_cmd)
+main.add_command(stop_cmd)
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ def run_options(fn: Callable) -> Callable:
             continue
         elif "min" in f.metadata:
             kind = click.IntRange(min=f.metadata["min"])
-        elif f.type in ("float",):
+        elif f.type in ("float", "float | None"):
             kind = float
         elif f.type in ("int",):
             kind = int

@@ -101,6 +101,7 @@ KILL_FIELDS = (
     "cut_s",
     "healed",
     "stopped_pids",
+    "stopped",
 )
 """What the result says of each failure made."""
 KILL_SPAN = (0.1, 0.8)
@@ -307,9 +308,9 @@ def _run_cmd(pipeline_file: str, run_dir: str, mode: str, workers: int, params: 
     return cmd
 
 
-def _start(cmd: list[str], log_path: str) -> subprocess.Popen:
+def _start(cmd: list[str], log_path: str, append: bool = False) -> subprocess.Popen:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed by _finish
+    log = open(log_path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed by _finish
     proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, text=True)
     proc._nosync_log = log  # type: ignore[attr-defined]
     return proc
@@ -385,7 +386,8 @@ def run_chaos(
     durable snapshot), and the previous kill's recovery completed; a target passed by then is
     a kill at once. A run that ends first leaves the kills after it unmade: fewer are returned
     than asked for. The victims and the pauses' lengths are drawn from `rng`."""
-    proc = _start(_run_cmd(pipeline_file, run_dir, mode, workers, params, options), run_dir + ".log")
+    cmd = _run_cmd(pipeline_file, run_dir, mode, workers, params, options)
+    proc = _start(cmd, run_dir + ".log")
     events = Progress(os.path.join(run_dir, "events.jsonl"))
     done: list[dict] = []
     deadline = time.monotonic() + timeout
@@ -410,6 +412,16 @@ def run_chaos(
             elif failure in ("pause", "partition"):
                 stop_s = rng.uniform(*PAUSE_SHARE) * timeout_s
             kill: dict | None = None
+            if failure == "stop" and not pause:
+                proc, events, kill = _stop_and_resume(proc, events, cmd, run_dir, target, ended, deadline)
+                if kill is None:
+                    break
+                done.append(kill)
+                progress(
+                    f"stopped the run (SIGTERM) at {kill['read']:,} records read, at epoch "
+                    f"{kill['stopped']['epoch']}, in {kill['stopped']['stop_s']} s; resumed it"
+                )
+                continue
             while kill is None and not ended():
                 events.poll()
                 pids = [events.pid_of(v) for v in victims]
@@ -563,6 +575,32 @@ def run_chaos(
                     for v, p in zip(k["workers"], k["pids"], strict=True)
                 ]
     return summary, done
+
+
+def _stop_and_resume(
+    proc: subprocess.Popen, events: Any, cmd: list[str], run_dir: str, target: int, ended: Any, deadline: float
+) -> tuple[subprocess.Popen, Any, dict | None]:
+    """Stops the run cleanly (SIGTERM) once it is running and has read `target` records, checks
+    that it exited 0 saying where it stopped, and starts it again with `--resume`: the process
+    and the events to follow next, and what the stop was (None: the run ended first)."""
+    while not ended():
+        events.poll()
+        if events.running and events.read >= target:
+            break
+        time.sleep(0.01)
+    else:
+        return proc, events, None
+    read, t = events.read, time.time()
+    proc.send_signal(signal.SIGTERM)
+    summary = _finish(proc, run_dir, max(1.0, deadline - time.monotonic()))
+    if not summary.get("stopped"):
+        raise RunFailed(f"the run in {run_dir} ended on SIGTERM without saying it stopped (summary.json)")
+    path = os.path.join(run_dir, "events.jsonl")
+    again = Progress(path)
+    again.pos = os.path.getsize(path)  # the resumed run's events only
+    proc = _start([*cmd, "--resume"], run_dir + ".log", append=True)
+    kill = {"t": t, "workers": [], "pids": [], "read": read, "seen": 0, "stopped": summary["stopped"]}
+    return proc, again, kill
 
 
 def reference_reads(run_dirs: list[str]) -> int:
@@ -776,6 +814,9 @@ def chaos(
         # the timeout may be suspected rightly: the beats it dropped come only when TCP sends
         # them again, 0.2 s after the first loss, then 0.4, 0.8, 1.6 s..., after the heal.)
         result["exactly_once"] = False
+    elif failure == "stop":
+        # nothing is recovered: each stop is judged by the resumed run's output
+        result["resumes"] = len(done)
     elif not result["recoveries"] and failure not in ("pause", "partition"):
         # every kill hit a worker whose work was done: nothing recovered, and equal outputs say
         # nothing about a recovery

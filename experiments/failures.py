@@ -31,6 +31,10 @@
 - `hang-machine` (on a cluster of hosts): every process of the victim's host is stopped
   (SIGSTOP: its Spark worker, executor and Python workers) and never resumed during the run;
   its workers must be replaced elsewhere. After the run the host is killed and started again.
+- `stop`: no failure, a clean stop and a resume: the run is sent SIGTERM (as `nosync stop`
+  does), must exit 0 having stopped at an epoch boundary, and is started again with
+  `--resume`, which must read on from there; the last resumed run goes to the end. Mode
+  replay persists nothing to resume from, and is refused.
 
 A mode and checkpoint level that cannot survive a class is refused before any run
 (`refusal`): mode replay persists nothing and recomputes from the sources, so it survives
@@ -51,10 +55,19 @@ import time
 
 from nosync.options import replica_count
 
-FAILURES = ("process", "machine", "two", "hang", "pause", "partition", "hang-machine")
+FAILURES = ("process", "machine", "two", "hang", "pause", "partition", "hang-machine", "stop")
 """The failure classes: the three that announce themselves, from the least lost to the most,
 then the silent ones, of a process and (on a cluster) of a host."""
-MACHINES_LOST = {"process": 0, "machine": 1, "two": 2, "hang": 0, "pause": 0, "partition": 0, "hang-machine": 0}
+MACHINES_LOST = {
+    "process": 0,
+    "machine": 1,
+    "two": 2,
+    "hang": 0,
+    "pause": 0,
+    "partition": 0,
+    "hang-machine": 0,
+    "stop": 0,
+}
 """Machines (local disks) each class loses at once."""
 SILENT = ("hang", "pause")
 """The classes that stop a process instead of killing it: only the failure timeout finds them."""
@@ -80,6 +93,8 @@ def refusal(
     if failure in OF_HOSTS and not cluster:
         what = "cuts a host's network" if failure == "partition" else "stops every process of a host"
         return f"--failure {failure} {what}: it runs on a cluster of hosts only (--cluster, `nosync cluster up`)"
+    if failure == "stop" and mode == "replay":
+        return "--failure stop resumes the stopped run: mode replay persists nothing to resume from"
     if failure == "two" and workers < 2:
         return f"--failure two loses two workers' machines at once: it needs -w 2 or more, not -w {workers}"
     lost = max(MACHINES_LOST[failure], 1 if cluster else 0)

@@ -57,10 +57,13 @@ class Step(StrEnum):
     """("F",): flushed every buffer."""
     CUT = "C"
     """("C", produced): a cut, the frames produced so far on each link."""
+    STOPPED = "x"
+    """("x", upto or None): the run is stopping: the sources stopped reading (None), or closed
+    every epoch up to `upto` (`control.Stop`)."""
 
 
 Entry = tuple[Any, ...]
-"""What one step did; the first item is its kind ("i", "s", "f", "F" or "C")."""
+"""What one step did; the first item is its kind ("i", "s", "f", "F", "C" or "x")."""
 Lineage = list[tuple[int, Entry]]
 """(step, entry) pairs in increasing step order."""
 

@@ -20,6 +20,9 @@ FAILURE_TIMEOUT_MS = 1500
 """The default --failure-timeout-ms (`nosync experiment detection` measures the choice: see
 docs/performance.md)."""
 
+MAX_DEAD_LETTERS = 10_000
+"""The default --max-dead-letters: the dead letters a worker keeps (and the driver keeps of it)."""
+
 TIERS = ("disk", "remote", "replicated")
 """Where a snapshot must be durable before it counts: the worker's local disk, the remote
 tier, or the memory of --replicas peers (mode nosync)."""
@@ -67,6 +70,17 @@ class RunOptions:
         "deadletter",
         "A record a source cannot parse: to the run's dead-letter file, or fail the run.",
         choices=("deadletter", "fail"),
+    )
+    max_dead_letters: int | None = _opt(
+        MAX_DEAD_LETTERS,
+        "Dead letters a worker may have; its next one fails the run, with the count (each is kept in memory "
+        "to be written once).",
+        min=1,
+    )
+    duration: float | None = _opt(
+        None,
+        "Stop the run cleanly after S seconds, as `nosync stop` does: its sources stop at an epoch boundary, "
+        "everything before it is committed and a last checkpoint or snapshot taken (--resume reads on).",
     )
     checkpoint_ms: int = _opt(1000, "abs: checkpoint interval.", min=1)
     checkpoint_tier: str = _opt(
@@ -140,6 +154,9 @@ class RunOptions:
     """The pipeline's parameters (`build(args)`), `-p KEY=VALUE` on the command line."""
     timeout_s: float | None = field(default=None, metadata={"cli": False})
     """Fail the run after this long (tests and benchmarks)."""
+    latency_from_s: float | None = field(default=None, metadata={"cli": False})
+    """Latency counts only the records due (or read) this long after the source clock started:
+    a benchmark's steady window."""
     slow_worker: tuple[int, int] | None = field(default=None, metadata={"cli": False})
     """(worker, ms): a straggler for benchmarks, its sources waiting after every batch."""
 
@@ -167,6 +184,8 @@ class RunOptions:
                 f"--standbys {self.standbys}: mode none does not recover (a lost worker fails the run); standbys "
                 "replace lost workers in modes abs, nosync and replay"
             )
+        if self.duration is not None and not self.duration > 0:
+            raise NosyncError(f"--duration is the seconds the run lasts before it stops, > 0, not {self.duration}")
         if self.epoch_records is not None and self.epoch_ms is not None:
             raise NosyncError("give --epoch-records or --epoch-ms, not both")
         if self.resume and not self.run_dir:

@@ -24,6 +24,7 @@ import tempfile
 from typing import Any
 
 from experiments.measure import STEADY_FIELDS
+from nosync.errors import NosyncError
 
 FIELDS = tuple(f for f in STEADY_FIELDS if f not in ("snapshots", "peak_rss_mb"))
 BARS = {"nosync": 0.9, "nosync@replicated": 0.85}
@@ -57,6 +58,7 @@ def run(
                 name, _, tier = mode.partition("@")
                 row = steady(spark, d, name, workers, records, keys, skew, interval_ms, tier or "disk", slow_ms=slow_ms)
                 row = {f: row.get(f) for f in FIELDS}
+                _check_long_enough(mode, records, row["records_per_s"], interval_ms)
                 if mode not in best or row["records_per_s"] > best[mode]["records_per_s"]:
                     best[mode] = row
     finally:
@@ -84,6 +86,21 @@ def run(
                 row["latency_p99_to_none"] = row["latency_p99_ms"] / base_lat
                 row["latency_bar_ok"] = row["latency_p99_to_none"] <= LATENCY_BARS[mode]
     return out
+
+
+def _check_long_enough(mode: str, records: int, per_s: float, interval_ms: int) -> None:
+    """Refuses a comparison whose runs are shorter than MIN_WINDOW_INTERVALS intervals: a run of
+    one or two checkpoints is no steady state (`bench sustain` measures one at a fixed rate)."""
+    from experiments.bench.sustain import MIN_WINDOW_INTERVALS
+
+    seconds = records / per_s
+    if seconds * 1000 < MIN_WINDOW_INTERVALS * interval_ms:
+        need = int(records * MIN_WINDOW_INTERVALS * interval_ms / 1000 / seconds) + 1
+        raise NosyncError(
+            f"mode {mode} read --records {records:,} in {seconds:.1f} s, {seconds * 1000 / interval_ms:.0f} intervals "
+            f"of {interval_ms} ms; a comparison needs runs of at least {MIN_WINDOW_INTERVALS}: --records {need:,} "
+            f"or more (or a shorter --interval-ms)"
+        )
 
 
 def render(r: dict) -> str:

@@ -51,6 +51,12 @@ class Source:
         """A short description of the source, for messages (the base: its class name)."""
         return type(self).__name__
 
+    def due(self, part: dict, offset: Any) -> float | None:
+        """Seconds after the run's source clock started at which the record at `offset` of
+        `part` is due, for a source paced in time (`Generator(rate=...)`); None (the base): the
+        source is read as fast as the run can."""
+        return None
+
 
 def _check_options(kind: str, options: dict, known: set[str]) -> None:
     unknown = set(options) - known
@@ -63,32 +69,60 @@ def _check_options(kind: str, options: dict, known: set[str]) -> None:
 
 
 class Generator(Source):
-    """A deterministic generator: record i is fn(i), or by default the key string of a keyed
-    workload, str of a key drawn uniformly (skew 0) or Zipf-skewed from `keys` keys.
+    """A deterministic generator: record i of the source is fn(i), or by default the key string
+    of a keyed workload.
+
+    - `records`: how many (None: unbounded, until the run is stopped).
+    - `keys`, `draw`, `skew`: record i's key is str of a key in [0, keys): i % keys with
+      draw="cycle" (the default), or drawn at random with draw="random", uniformly (skew 0) or
+      Zipf-skewed (skew > 0, the exponent; a skew implies a random draw). A draw is a function
+      of (seed, i) alone, so a partition read again from any position yields the same records.
+    - `value_bytes`: when > 0, each record is (key, value), value a string of that many
+      ASCII characters drawn like the key, so that a state holding it grows with the keys.
+    - `rate`: records per second per partition, open loop. Record j of a partition is due
+      j / rate seconds after the run's source clock started; it is not read before, and its
+      event time (the latency's start) is when it was due, not when it was read, so the
+      latency counts the queueing a slow run causes. None: as fast as the run reads.
 
     >>> list(Generator(records=4, keys=2, partitions=1).read({"p": 0, "of": 1}, 0, 10))
     [(['0', '1', '0', '1'], 4)]
     """
 
+    DRAWS = ("cycle", "random")
+
     def __init__(
         self,
-        records: int = 1000,
+        records: int | None = 1000,
         keys: int = 100,
         skew: float = 0.0,
         fn: Callable[[int], Any] | None = None,
         partitions: int | None = None,
         seed: int = 1,
+        rate: float | None = None,
+        draw: str = "cycle",
+        value_bytes: int = 0,
     ) -> None:
         bad = None
-        if not isinstance(records, int) or records < 0:
-            bad = f"records must be a non-negative int, got {records!r}"
+        if records is not None and (not isinstance(records, int) or isinstance(records, bool) or records < 0):
+            bad = f"records must be a non-negative int or None (unbounded), got {records!r}"
         elif not isinstance(keys, int) or keys < 1:
             bad = f"keys must be a positive int, got {keys!r}"
-        elif skew < 0:
+        elif not isinstance(skew, (int, float)) or skew < 0:
             bad = f"skew must be >= 0 (0: uniform; Zipf exponent otherwise), got {skew!r}"
+        elif rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0):
+            bad = f"rate must be > 0 records/s per partition (None: unpaced), got {rate!r}"
+        elif draw not in self.DRAWS:
+            bad = f"draw must be one of {', '.join(self.DRAWS)}, got {draw!r}"
+        elif not isinstance(value_bytes, int) or isinstance(value_bytes, bool) or value_bytes < 0:
+            bad = f"value_bytes must be an int >= 0, got {value_bytes!r}"
+        elif partitions is not None and (not isinstance(partitions, int) or partitions < 1):
+            bad = f"partitions must be a positive int or None (one per worker), got {partitions!r}"
         if bad:
             raise PipelineError(bad, "Generator", declared_at())
         self.records, self.keys, self.skew, self.fn, self.seed = records, keys, skew, fn, seed
+        self.rate = None if rate is None else float(rate)
+        self.draw = "random" if skew else draw
+        self.value_bytes = value_bytes
         self.partitions_ = partitions
 
     def partitions(self, workers: int | None = None) -> list[dict]:
@@ -97,35 +131,106 @@ class Generator(Source):
         n = self.partitions_ or workers or 1
         return [{"p": i, "of": n} for i in range(n)]
 
-    def _key_table(self) -> list[str] | None:
-        if self.skew == 0:
+    def describe(self) -> str:
+        """The generator's size and pace, for messages."""
+        size = "unbounded" if self.records is None else f"{self.records} records"
+        pace = "" if self.rate is None else f", {self.rate:g}/s per partition"
+        return f"Generator({size}{pace})"
+
+    def _total(self, part: dict) -> int | None:
+        p, of = part["p"], part["of"]
+        if self.records is None:
             return None
-        rng = random.Random(self.seed)
-        weights = [1.0 / (r + 1) ** self.skew for r in range(self.keys)]
-        return [str(k) for k in rng.choices(range(self.keys), weights, k=min(self.records, 1 << 20) or 1)]
+        return (self.records - p + of - 1) // of if self.records > p else 0
+
+    def due(self, part: dict, offset: int) -> float | None:
+        """Seconds after the source clock's start at which the record at `offset` (a count of
+        the partition's records) is due; None when the generator is not paced. Past the last
+        record, the last one's time."""
+        if self.rate is None:
+            return None
+        total = self._total(part)
+        if total is not None:
+            offset = min(offset, max(total - 1, 0))
+        return offset / self.rate
 
     def read(self, part: dict, offset: Any, chunk: int, on_bad: BadHandler = _raise) -> Iterator[Chunk]:
         """The records of partition `part` from `offset` (a count of its records) on, in chunks of
         at most `chunk`."""
         p, of = part["p"], part["of"]
         # partition p holds records i = p, p + of, p + 2*of, ...; offset counts them
-        total = (self.records - p + of - 1) // of if self.records > p else 0
-        fn = self.fn
-        keys = self.keys
-        table = self._key_table()
+        total = self._total(part)
         pos = int(offset or 0)
-        while pos < total:
-            end = min(total, pos + chunk)
-            idx = range(p + pos * of, p + end * of, of)
-            if fn is not None:
-                recs = [fn(i) for i in idx]
-            elif table is None:
-                recs = [str(i % keys) for i in idx]
-            else:
-                n = len(table)
-                recs = [table[i % n] for i in idx]
-            yield recs, end
+        while total is None or pos < total:
+            end = pos + chunk if total is None else min(total, pos + chunk)
+            yield self._records(range(p + pos * of, p + end * of, of)), end
             pos = end
+
+    def _records(self, idx: range) -> list:
+        if self.fn is not None:
+            fn = self.fn
+            return [fn(i) for i in idx]
+        if self.draw == "cycle" and not self.value_bytes:
+            keys = self.keys
+            return [str(i % keys) for i in idx]
+        import numpy as np  # lazy: only generated workloads that draw at random need it
+
+        mixed = _mix(np.arange(idx.start, idx.stop, idx.step, dtype=np.uint64), self.seed)
+        if self.draw == "cycle":
+            ks = np.arange(idx.start, idx.stop, idx.step, dtype=np.int64) % self.keys
+        elif self.skew:
+            u = (mixed >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+            ks = np.searchsorted(_zipf_cdf(self.keys, self.skew), u, side="right")
+        else:
+            ks = mixed % np.uint64(self.keys)
+        keys = [str(k) for k in ks.tolist()]
+        if not self.value_bytes:
+            return keys
+        n = self.value_bytes
+        blob = _blob(n)
+        starts = ((mixed >> np.uint64(32)) % np.uint64(_BLOB_SPAN)).tolist()
+        return [(k, blob[s : s + n]) for k, s in zip(keys, starts, strict=True)]
+
+
+_BLOB_SPAN = 4096
+_BLOBS: list[str] = [""]
+
+
+def _blob(n: int) -> str:
+    """The text values of `n` characters are cut from (one per process, grown as needed)."""
+    if len(_BLOBS[0]) < _BLOB_SPAN + n:
+        rng = random.Random(0)
+        _BLOBS[0] = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(_BLOB_SPAN + n))
+    return _BLOBS[0]
+
+
+def _mix(x: Any, seed: int) -> Any:
+    """A 64-bit hash of each index (splitmix64's finalizer over index and seed), as uint64."""
+    import numpy as np  # lazy: see Generator._records
+
+    with np.errstate(over="ignore"):
+        z = x + np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+_CDFS: dict[tuple[int, float], Any] = {}
+
+
+def _zipf_cdf(keys: int, skew: float) -> Any:
+    """The cumulative Zipf(skew) probabilities of ranks 0..keys-1 (cached per process)."""
+    import numpy as np  # lazy: see Generator._records
+
+    cdf = _CDFS.get((keys, skew))
+    if cdf is None:
+        w = 1.0 / np.arange(1, keys + 1, dtype=np.float64) ** skew
+        cdf = np.cumsum(w)
+        cdf /= cdf[-1]
+        cdf[-1] = 1.0
+        _CDFS.clear()
+        _CDFS[(keys, skew)] = cdf
+    return cdf
 
 
 class Files(Source):

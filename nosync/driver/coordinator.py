@@ -15,12 +15,13 @@ generation, it tells them all to finish. Connections that fail the handshake are
 logged; they never reach the run. What happens to the run (generations, checkpoints, losses)
 is appended to `events.jsonl` in the run directory as it happens, and so, every
 PROGRESS_EVENT_S at most while the run goes on, is how many records it has read (`progress`):
-an outside observer (`nosync chaos`) measures how far a run has got by it.
+an outside observer (`nosync chaos`) measures how far a run has got by it. The per-worker
+progress rows go to `progress.jsonl` as they are taken; of both, only the newest few are kept
+in memory (`rows.RowLog`), so that a run of any length holds the same.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -28,10 +29,12 @@ import threading
 import time
 from typing import Any
 
+from nosync.driver.rows import RowLog
 from nosync.driver.standbys import Standbys
+from nosync.driver.stopping import SourceClock, Stopping
 from nosync.errors import AuthError, FrameError, RunFailed
 from nosync.runtime import channels, control, frames
-from nosync.runtime.dead_letters import DeadLetterFile, dead_letter_path
+from nosync.runtime.dead_letters import MAX_DEAD_LETTERS, DeadLetterFile, dead_letter_path
 
 log = logging.getLogger("nosync.driver.coordinator")
 
@@ -62,6 +65,7 @@ class Coordinator(Standbys):
         failure_timeout_s: float = 1.5,
         kill_task: Any = None,
         standbys: int = 0,
+        max_dead_letters: int | None = MAX_DEAD_LETTERS,
     ) -> None:
         self.workers = workers
         self.secret = secret
@@ -105,23 +109,28 @@ class Coordinator(Standbys):
         self.regroups = 0
         self.silent_s: float | None = None
         """How long the worker lost last had been silent (since its last heartbeat)."""
-        self.events: list[dict] = []
         self._refused_idents = 0
         self.failure: str | None = None
         self.finished = False
+        self.stopping = Stopping(workers)
+        """A stop of the run (`Stopping.request`) and how far it went."""
+        self.source_clock = SourceClock()
         self.started_at = time.time()
+        self.running_since: float | None = None
+        """When every worker first ran (monotonic)."""
         self.first_record_at: float | None = None
         self._dead_letters: dict[int, DeadLetterFile] = {}
+        self.max_dead_letters = max_dead_letters
+        """The dead letters each worker's file may hold (--max-dead-letters; None: no bound)."""
         self._dead_count = 0
-        self._events_file = None
-        if run_dir is not None:
-            os.makedirs(run_dir, exist_ok=True)
-            self._events_file = open(os.path.join(run_dir, "events.jsonl"), "a", encoding="utf-8")  # noqa: SIM115
+        self.events = RowLog(None if run_dir is None else os.path.join(run_dir, "events.jsonl"), append=True)
+        """What happened to the run: events.jsonl, the newest in memory (iterating reads the file)."""
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._sample_now = False
-        self.progress_rows: list[dict] = []
-        """Per worker, every PROGRESS_S: records read and committed (`progress.parquet`)."""
+        self.progress_rows = RowLog(None if run_dir is None else os.path.join(run_dir, "progress.jsonl"))
+        """Per worker, every PROGRESS_S: records read and committed (progress.jsonl, at the end
+        `progress.parquet`), the newest in memory (iterating reads the file)."""
         self._last_progress = 0.0
         self._last_progress_event = 0.0
         self._read_reported = -1
@@ -158,13 +167,14 @@ class Coordinator(Standbys):
             return self.finished or self.failure is not None
 
     def event(self, kind: str, **fields: Any) -> dict:
-        """Records what happened to the run (kept, and appended to events.jsonl)."""
+        """Records what happened to the run (appended to events.jsonl)."""
         ev = {"t": time.time(), "event": kind, "gen": self.gen, **fields}
         self.events.append(ev)
-        if self._events_file is not None:
-            self._events_file.write(json.dumps(ev, default=str) + "\n")
-            self._events_file.flush()
         return ev
+
+    def ran_for(self) -> float:
+        """Seconds since every worker first ran (0 before)."""
+        return 0.0 if self.running_since is None else time.monotonic() - self.running_since
 
     def send(self, worker: int, msg: control.Message) -> None:
         """Sends a control message to worker `worker`, if it is connected."""
@@ -248,7 +258,7 @@ class Coordinator(Standbys):
 
     def close(self) -> None:
         """Stops the loop thread, lets the mode close, and closes the connections, the
-        listener and the events file."""
+        listener, the events and progress files."""
         self._stop = True
         self._thread.join(timeout=5)
         try:
@@ -260,8 +270,8 @@ class Coordinator(Standbys):
             self._sel.close()
             for f in self._dead_letters.values():
                 f.close()
-            if self._events_file is not None:
-                self._events_file.close()
+            self.events.close()
+            self.progress_rows.close()
 
     # -- the loop ------------------------------------------------------------------
 
@@ -349,6 +359,7 @@ class Coordinator(Standbys):
             if not self.finished and self.failure is None:
                 try:
                     self.mode.tick(self)
+                    self.stopping.tick(self)
                 except Exception as e:  # noqa: BLE001
                     log.exception("coordinator: mode tick")
                     self.fail(f"coordinator error in mode {self.mode.name}: {type(e).__name__}: {e}")
@@ -433,11 +444,12 @@ class Coordinator(Standbys):
                     self.mode.on_ready(self, w, self.gen)
                     if self.all_ready:
                         self.event("running")
+                        self.running_since = self.running_since or time.monotonic()
             case control.ModeMessage():
                 self.mode.on_message(self, w, msg.as_map())
             case control.Done(gen=g):
                 self.last_beat[w] = time.monotonic()
-                if g != self.gen:
+                if g != self.gen or not self.stopping.accepts_done(msg.metrics):
                     return
                 with self._changed:
                     self.done[w] = {"gen": msg.gen, "metrics": msg.metrics, "seconds": msg.seconds}
@@ -457,16 +469,20 @@ class Coordinator(Standbys):
                 self.fail(f"worker {w} sent a {type(msg).__name__} message, which only the coordinator sends")
 
     def _dead_letter(self, w: int, msg: control.DeadLetter) -> None:
-        """Appends a worker's dead letter to its file in the run directory, once."""
+        """Appends a worker's dead letter to its file in the run directory, once; one past
+        `max_dead_letters` fails the run."""
         if self.run_dir is None:
             self._dead_count += 1
             return
         f = self._dead_letters.get(w)
         if f is None:
-            f = self._dead_letters[w] = DeadLetterFile(dead_letter_path(self.run_dir, w))
+            f = self._dead_letters[w] = DeadLetterFile(dead_letter_path(self.run_dir, w), self.max_dead_letters)
         letter = {"source": msg.source, "file": msg.file, "position": msg.position, "error": msg.error}
-        if f.add(letter):
-            self._dead_count += 1
+        try:
+            if f.add(letter):
+                self._dead_count += 1
+        except RunFailed as e:
+            self.fail(f"worker {w}: {e}")
 
     def _counted(self, w: int, msg: dict) -> dict:
         """A worker's heartbeat as the run's counters take it. A restarting worker counts from
@@ -545,7 +561,8 @@ class Coordinator(Standbys):
         """Sends every worker the peers of the current generation, with what the mode adds."""
         peers = [self.members[i] for i in range(self.workers)]
         self.event("generation", workers=len(peers))
-        self.broadcast(control.Peers(self.gen, peers, {**extra, "moved": dict(self.moved)}))
+        extra = {**extra, "moved": dict(self.moved), "source_t0": self.source_clock.t0()}
+        self.broadcast(control.Peers(self.gen, peers, extra))
 
 
 def _progress_row(t: float, worker: int, c: dict) -> dict:

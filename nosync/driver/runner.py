@@ -32,6 +32,8 @@ from nosync.api.pipeline import require_replayable
 from nosync.api.plan import plan
 from nosync.driver import metrics
 from nosync.driver.coordinator import Coordinator
+from nosync.driver.rows import RowLog
+from nosync.driver.stopping import check_requests, stop_file, stop_signals
 from nosync.driver.task import worker_main
 from nosync.errors import NosyncError, RunFailed
 from nosync.modes import get_mode
@@ -100,6 +102,8 @@ def run(
     if driver_mode.requires_replayable_sources:
         require_replayable(pipeline, f"mode {mode}", "only mode nosync logs its input to make it replayable")
     os.makedirs(run_dir, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(stop_file(run_dir))  # a request a stopped run left
     _write_json(
         os.path.join(run_dir, "run.json"),
         {
@@ -157,8 +161,11 @@ def run(
                 is_embedded(spark.sparkContext.master) and opts.suspect_kill == "process",
             ),
             standbys=opts.standbys,
+            max_dead_letters=opts.max_dead_letters,
         )
         coord.event("coordinator", address=list(coord.address))
+        if opts.resume:
+            coord.source_clock.resumed(run_dir)
         spec = {
             "run_id": run_id,
             "pipeline_file": pipeline_file,
@@ -176,6 +183,7 @@ def run(
             "linger_ms": opts.linger_ms,
             "run_dir": run_dir,
             "on_bad_record": opts.on_bad_record,
+            "max_dead_letters": opts.max_dead_letters,
             "slow_worker": list(opts.slow_worker) if opts.slow_worker else None,
         }
         driver_mode.attach(spark, spec)
@@ -196,12 +204,15 @@ def run(
         thread = threading.Thread(target=job, name="nosync-job", daemon=True)
         launched = time.time()
         thread.start()
-        samples: list[dict] = []
+        # the progress samples go to throughput.jsonl as they are taken, not to memory
+        samples = RowLog(os.path.join(run_dir, "throughput.jsonl"))
         workers_seen: dict = {}
+        quiet.enter_context(stop_signals(coord))
         try:
             while True:
                 if coord.wait(SAMPLE_S):
                     break
+                check_requests(coord, run_dir, opts.duration)
                 info = coord.workers_info()
                 if info != workers_seen:
                     workers_seen = info
@@ -248,6 +259,7 @@ def run(
                 raise RunFailed(f"the Spark job failed: {_first_line(job_error[0])}", run_dir=run_dir)
         finally:
             coord.close()
+            samples.close()
         end = time.time()
         first = min(d["metrics"].get("first_read_at") or end for d in coord.done.values())
         last_commit = max(d["metrics"].get("last_commit_at") or end for d in coord.done.values())
@@ -281,6 +293,9 @@ def run(
         )
         summary["records_per_s"] = summary["records_read"] / info["processing_s"]
         summary["generations"] = coord.gen + 1
+        summary["stopped"] = coord.stopping.summary(end)
+        summary["source_t0"] = coord.source_clock.start
+        summary["source_clock_s"] = coord.source_clock.read(end)
         summary.update(driver_mode.summary(coord))
         p = coord.progress()
         p["t"] = end - launched

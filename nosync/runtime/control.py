@@ -5,7 +5,8 @@ A worker registers (`Register`), says it runs a generation (`Ready`), beats (`He
 its counters), hands over a record its sources could not read (`DeadLetter`: the driver keeps
 the run's dead letters), reports the end of its input (`Done`) or why it stops (`Error`). The coordinator
 sends the peers of a generation (`Peers`), moves everyone to a new one (`Rejoin`), holds a
-generation back (`Hold`), ends the run (`Finish`) or aborts it (`Abort`), and tells a worker it
+generation back (`Hold`), stops the sources at an epoch boundary (`Stop`), ends the run
+(`Finish`) or aborts it (`Abort`), and tells a worker it
 suspected that it was replaced (`Replaced`). It answers every beat with a `Lease`: the worker
 may commit only while the beat it last heard answered is recent (`Links.fence`). A replaced
 process that wakes reports what it refused (`Zombie`) and stops. A spare process is told it
@@ -41,6 +42,7 @@ class Kind(StrEnum):
     PROMOTE = "promote"
     LEASE = "lease"
     ZOMBIE = "zombie"
+    STOP = "stop"
     MODE = "mode"
 
 
@@ -166,6 +168,16 @@ class Zombie:
 
 
 @dataclass(frozen=True)
+class Stop:
+    """The run is being stopped (`nosync stop`, a signal, `--duration`): the sources stop
+    reading at the end of the epoch they are in (`upto` None), or, once every worker has said
+    where its sources stopped, close every epoch up to `upto` too, so that the whole run ends at
+    one epoch boundary."""
+
+    upto: int | None = None
+
+
+@dataclass(frozen=True)
 class Standby:
     """This process holds no partition: it waits, beating, until it is promoted or the run
     ends (a spare task of `--standbys`, or Spark's retry of a worker a standby replaced)."""
@@ -210,6 +222,7 @@ Message = (
     | Promote
     | Lease
     | Zombie
+    | Stop
     | ModeMessage
 )
 
@@ -230,6 +243,7 @@ _KINDS: dict[type, Kind] = {
     Promote: Kind.PROMOTE,
     Lease: Kind.LEASE,
     Zombie: Kind.ZOMBIE,
+    Stop: Kind.STOP,
     ModeMessage: Kind.MODE,
 }
 

@@ -44,6 +44,15 @@ class WorkerHooks:
         """Reads one chunk of `source`; False once it is exhausted."""
         return source.poll()
 
+    def may_stop(self, worker: Worker) -> bool:
+        """Whether the sources may stop now (`Worker.stop_sources`): once the worker runs its
+        restored generation (a mode that replays says no until the replay is done)."""
+        return worker.restored and bool(worker.ops)
+
+    def stop_sources(self, worker: Worker, upto: int | None) -> None:
+        """Stops the sources at an epoch boundary (a mode that logs its steps logs it first)."""
+        worker.stop_sources(upto)
+
     def flush_routers(self, worker: Worker) -> None:
         """Sends the exchange buffers that waited longer than the linger time."""
         for r in worker.routers:

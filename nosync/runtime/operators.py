@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from lsm.keys import check_keys
 from nosync.api.pipeline import Node
-from nosync.errors import BadRecord, RunFailed
+from nosync.errors import RunFailed
+from nosync.runtime.histogram import Histogram
 
 if TYPE_CHECKING:
-    from nosync.runtime.worker import Worker
+    pass
 
 EOS = 1 << 62
 """The epoch of a finished channel."""
@@ -283,6 +284,16 @@ class UnionOp(Op):
     pass
 
 
+class Clock:
+    """The ingest time of the batch being processed (for end-to-end latency): when it was
+    read, or when it was due for a paced source."""
+
+    __slots__ = ("ts",)
+
+    def __init__(self) -> None:
+        self.ts = 0.0
+
+
 class SinkOp(Op):
     """Stages records in the worker's sink part and commits them as the mode says: mode none
     commits each epoch once its frontier passes it (`commit`); a checkpointing mode
@@ -303,7 +314,11 @@ class SinkOp(Op):
         self.staged_ts: dict[int, list[tuple[float, int]]] = {}
         self.precommitted: list[tuple[int, Any]] = []
         self.precommit_ts: dict[int, list[tuple[float, int]]] = {}
-        self.latencies: list[tuple[float, int]] = []
+        self.latency = Histogram()
+        """Ingest to commit of every record committed (fixed size, whatever the run's length)."""
+        self.measure_from = 0.0
+        """Latency counts the records ingested (or due) from this wall time on (a benchmark's
+        steady window)."""
         self.last_commit_at: float | None = None
         self.committed_epoch = -1
 
@@ -322,8 +337,8 @@ class SinkOp(Op):
         if n:
             self.last_commit_at = now
         for ts, count in stamps:
-            if ts:
-                self.latencies.append((now - ts, count))
+            if ts and ts >= self.measure_from:
+                self.latency.record(now - ts, count)
 
     def commit(self, epoch: int) -> None:
         """Publishes every epoch <= `epoch` (mode none)."""
@@ -420,137 +435,3 @@ class SinkOp(Op):
 
 def _ignore_event(channel: Any, ev: dict) -> None:
     pass
-
-
-class SourceOp(Op):
-    """Reads this worker's partitions of one source, epoch by epoch, round robin.
-
-    A partition's position names exactly the next record to read: `[offset, skip]`, where
-    `offset` is where `source.read` starts the chunk being consumed and `skip` counts the
-    records of it already emitted. Every source reads the same chunks again from the same
-    offset, so a restart from a position emits exactly the records after it.
-    """
-
-    def __init__(self, node: Any, parts: list[dict], worker: Worker) -> None:
-        super().__init__(node)
-        self.source = node.params["source"]
-        self.w = worker
-        self.parts = [
-            {"part": p, "iter": None, "offset": None, "skip": 0, "chunk": None, "next": None, "read": 0, "done": False}
-            for p in parts
-        ]
-        self.epoch = 0
-        self.started = time.monotonic()
-        self.finished = False
-        self._mute = False
-
-    def _on_bad(self, bad: BadRecord) -> None:
-        if not self._mute:
-            self.w.dead_letter(self.name, bad)
-
-    def _next_chunk(self, st: dict, limit: int) -> list:
-        """Up to `limit` records of the partition, from its position on."""
-        chunk = st["chunk"]
-        while chunk is None or st["skip"] >= len(chunk):
-            drop = 0
-            if chunk is not None:
-                # consumed whole: the next chunk starts where this one said
-                st["offset"], st["skip"], st["chunk"] = st["next"], 0, None
-            if st["iter"] is None:
-                # (re)opened at a position: the records of its first chunk already emitted go
-                st["iter"] = self.source.read(st["part"], st["offset"], self.w.batch_size, self._on_bad)
-                drop = st["skip"]
-            # a chunk read again from a position inside it was read whole before: its bad
-            # records went to the dead letters then
-            self._mute = drop > 0
-            try:
-                recs, st["next"] = next(st["iter"])
-            except StopIteration:
-                st["done"] = True
-                return []
-            finally:
-                self._mute = False
-            chunk = st["chunk"] = recs
-            st["skip"] = drop
-        i = st["skip"]
-        recs = chunk[i : i + limit]
-        st["skip"] = i + len(recs)
-        return recs
-
-    def time_epoch(self) -> int:
-        """The epoch the clock says (sources cut by --epoch-ms)."""
-        return int((time.monotonic() - self.started) * 1000 // self.w.epoch_ms)
-
-    def poll(self, now_epoch: int | None = None) -> bool:
-        """Reads and pushes one chunk; returns False once the source is exhausted. With
-        --epoch-ms, `now_epoch` is the clock's epoch to use (a replay repeats the one logged)."""
-        if self.finished:
-            return False
-        w = self.w
-        per_epoch = w.epoch_records
-        if w.epoch_ms:
-            e = self.time_epoch() if now_epoch is None else now_epoch
-            if e > self.epoch:
-                self._close_epoch(e - 1)
-                self.epoch = e
-        for st in self.parts:
-            if st["done"]:
-                continue
-            limit = w.batch_size
-            if not w.epoch_ms:
-                room = (self.epoch + 1) * per_epoch - st["read"]
-                if room <= 0:
-                    continue
-                limit = min(limit, room)
-            recs = self._next_chunk(st, limit)
-            if recs:
-                st["read"] += len(recs)
-                w.clock.ts = time.time()
-                if w.first_read_at is None:
-                    w.first_read_at = w.clock.ts
-                self.records_in += len(recs)
-                self.emit(recs, self.epoch)
-                if w.slow_s:
-                    time.sleep(w.slow_s)
-                return True
-            if not st["done"]:
-                return True
-        if all(st["done"] for st in self.parts):
-            self.finished = True
-            self._close_epoch(EOS)
-            return False
-        if not w.epoch_ms:
-            self._close_epoch(self.epoch)
-            self.epoch += 1
-        return True
-
-    def _close_epoch(self, epoch: int) -> None:
-        self.frontier = epoch
-        for _, mark, _, chan in self.targets:
-            mark(chan, epoch, None, epoch == EOS)
-
-    def snapshot_meta(self) -> dict:
-        """Adds the source's epoch, whether it finished, the records read and
-        each partition's position."""
-        return {
-            **super().snapshot_meta(),
-            "epoch": self.epoch,
-            "finished": self.finished,
-            "records_in": self.records_in,
-            "parts": [[st["offset"], st["skip"], st["read"], st["done"]] for st in self.parts],
-        }
-
-    def restore_meta(self, meta: dict) -> None:
-        """Restores the epoch and every partition's position, read again from there; a checkpoint of
-        another number of partitions fails the run."""
-        super().restore_meta(meta)
-        self.epoch = meta["epoch"]
-        self.finished = meta["finished"]
-        self.records_in = meta["records_in"]
-        if len(meta["parts"]) != len(self.parts):
-            raise RunFailed(
-                f"source '{self.name}': the checkpoint has {len(meta['parts'])} partitions on this worker, "
-                f"the pipeline now has {len(self.parts)}"
-            )
-        for st, (offset, skip, read, done) in zip(self.parts, meta["parts"], strict=True):
-            st.update(offset=offset, skip=skip, read=read, done=done, iter=None, chunk=None, next=None)

@@ -60,24 +60,17 @@ from nosync.runtime.graph import (
     finish_loops,
     graph_edges,
 )
+from nosync.runtime.histogram import Histogram
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.links import SETUP_TIMEOUT_S, CoordinatorUnreachable, Links, Rejoin
 from nosync.runtime.loops import LoopHead
-from nosync.runtime.operators import EOS, Op, SinkOp, SourceOp
+from nosync.runtime.operators import EOS, Clock, Op, SinkOp
 from nosync.runtime.router import FeedbackRouter, Router
+from nosync.runtime.source_op import SourceOp, Stop
 
 log = logging.getLogger("nosync.runtime.worker")
 
 MAX_BACKLOG_FRAMES = 2 * channels.INITIAL_CREDITS
-
-
-class Clock:
-    """The ingest time of the batch being processed (for end-to-end latency)."""
-
-    __slots__ = ("ts",)
-
-    def __init__(self) -> None:
-        self.ts = 0.0
 
 
 class Worker(Links):
@@ -115,7 +108,7 @@ class Worker(Links):
         self.sinks: list[SinkOp] = []
         self.hooks = hooks
         self.places = spec_places(spec)
-        self.dead_letters = DeadLetters(self._send_dead_letter, spec.get("on_bad_record", "deadletter") == "fail")
+        self.dead_letters = DeadLetters.of_spec(self._send_dead_letter, spec)
         self.first_read_at: float | None = None
         self.flow = FlowBound()
         self.gen = -1
@@ -123,7 +116,8 @@ class Worker(Links):
         self._parts: dict[int, Any] = {}
         self._pending_credits: dict[int, int] = {}
         self._credited_ahead: dict[int, int] = {}
-        self._latencies: list = []
+        self._latency = Histogram()
+        """The latency the sinks of the generations before this one recorded."""
         self._last_commit_at: float | None = None
         self._next_beat = 0.0
         self._rejoin: int | None = None
@@ -135,6 +129,8 @@ class Worker(Links):
         self.replaced = False
         """Whether the coordinator replaced this attempt (a zombie): its stores are abandoned,
         not flushed, when it stops."""
+        self.stop = Stop()
+        """What the coordinator asked of a stop of the run, and what the sources did of it."""
         self.restored = False
         """Whether this generation's operators hold their restored state (its counters
         count from the restored position; before, they count nothing)."""
@@ -158,6 +154,8 @@ class Worker(Links):
                 )
             case control.Finish():
                 self._finish = True
+            case control.Stop(upto=upto):
+                self.stop.ask(upto)
             case control.Standby():
                 self.standby = True
             case control.Promote(worker=w, attempt=a):
@@ -213,7 +211,9 @@ class Worker(Links):
         if part is None:
             staging = os.path.join(self.places.local_root(self.index), "sinks")
             part = self._parts[n.id] = open_part_of(n.params["sink"], self.index, self.spec.get("run_id", ""), staging)
-        return SinkOp(n, part, self.clock)
+        op, skip = SinkOp(n, part, self.clock), self.hooks.options.latency_from_s
+        op.measure_from = 0.0 if skip is None else (self.spec.get("source_t0") or 0.0) + skip
+        return op
 
     def _drop_generation(self) -> None:
         """Closes every data connection and keeps what the metrics need of the operators."""
@@ -227,7 +227,8 @@ class Worker(Links):
         self._pending_credits = {}
         self._credited_ahead = {}
         for s in self.sinks:
-            self._latencies.extend(s.latencies)
+            self._latency.merge(s.latency)
+            s.latency = Histogram()  # merged once, however often the generation is dropped
             if s.last_commit_at is not None:
                 self._last_commit_at = max(self._last_commit_at or 0.0, s.last_commit_at)
         self.ops = []
@@ -238,10 +239,12 @@ class Worker(Links):
         if (peers.extra.get("moved") or {}).get(self.index) == self.attempt and not self._stale_cleared:
             self._clear_stale_root()
         self._connect_peers(peers.addresses, self.gen)
+        self.spec["source_t0"] = peers.extra.get("source_t0")  # a paced source's clock (`SourceOp.due_at`)
         self.build(p)
         self._open_selector()
         self.restored = not (peers.extra.get("restore") or self.attempt > 0)
         self._ready_sent = False
+        self.stop.new_generation()
         self.hooks.on_start(self, peers.extra)
         self.restored = True
         self.report_ready()
@@ -331,28 +334,31 @@ class Worker(Links):
             # a restarting worker before its restore: no count of its own yet (the run's
             # time series keeps the last one it had, until the restored position comes)
             return {"worker": self.index, "read": None, "committed": None, "frontier": -1, "idle": False}
-        return {
+        out = {
             "worker": self.index,
             "read": sum(s.records_in for s in self.sources),
             "committed": sum(s.committed for s in self.sinks),
             "frontier": min([s.frontier for s in self.sinks] or [-1]),
             "idle": bool(self.ops)
-            and all(s.finished for s in self.sources)
-            and all(s.frontier == EOS for s in self.sinks),
+            and all(s.finished or s.stopped for s in self.sources)
+            and all(s.frontier >= self.stop.end_epoch for s in self.sinks),
             "dead_letters": self.dead_letters.count,
         }
+        return {**out, **self.stop.report(self.sources)}
 
     def metrics(self) -> dict:
-        """The counters with each operator's metrics, latencies, bytes sent, process facts and the
-        mode's metrics (a finished worker's report)."""
-        lat = self._latencies + [x for s in self.sinks for x in s.latencies]
+        """The counters with each operator's metrics, the latency histogram (`Histogram.to_wire`),
+        bytes sent, process facts and the mode's metrics (a finished worker's report)."""
+        lat = Histogram()
+        for h in [self._latency, *(s.latency for s in self.sinks)]:
+            lat.merge(h)
         commits = [s.last_commit_at for s in self.sinks if s.last_commit_at is not None]
         if self._last_commit_at is not None:
             commits.append(self._last_commit_at)
         return {
             **self.counters(),
             "operators": {op.name: op.metrics() for op in self.ops},
-            "latencies": lat,
+            "latency": lat.to_wire(),
             "bytes_sent": sum(c.bytes_sent for c in self.out.values()),
             "refused_connections": self.acceptor.refused,
             "zombie_connections_refused": self.zombie_connections,
@@ -366,7 +372,7 @@ class Worker(Links):
         }
 
     def _finished_locally(self) -> bool:
-        if any(op.frontier != EOS for op in self.sinks):
+        if any(op.frontier < self.stop.end_epoch for op in self.sinks):
             return False
         return all(c.backlog == 0 for c in self.out.values())
 
@@ -531,6 +537,10 @@ class Worker(Links):
             if exchange_sender(ch) not in (None, self.index)
         ]
         while not self._finish:
+            if self.stop.pending and hooks.may_stop(self):
+                hooks.stop_sources(self, self.stop.asked)
+                active_sources = [s for s in active_sources if not s.stopped]
+                self._done_sent = idle_sent = False
             backlog = max((c.backlog for c in self.out.values()), default=0)
             busy = (
                 bool(active_sources)
@@ -539,15 +549,20 @@ class Worker(Links):
                 and hooks.may_read(self)
                 and not self._ahead_of_peers(active_sources, peer_inputs)
             )
+            if busy:
+                # a paced source is polled only once it has something due (`SourceOp.due_at`)
+                now = time.time()
+                ready = [s for s in active_sources if s.due_at() <= now]
+                busy = bool(ready)
             self.pump(0 if busy else 0.002)
             if busy:
-                for s in list(active_sources):
+                for s in ready:
                     if not hooks.poll_source(self, s):
                         active_sources.remove(s)
             hooks.flush_routers(self)
             self.flush_peers()
             hooks.poll(self)
-            if not idle_sent and not active_sources and all(s.frontier == EOS for s in self.sinks):
+            if not idle_sent and not active_sources and all(s.frontier >= self.stop.end_epoch for s in self.sinks):
                 # the input is exhausted here: say so now, not at the next heartbeat, so that
                 # a mode that commits at checkpoints can start the last one at once
                 idle_sent = True
@@ -558,6 +573,10 @@ class Worker(Links):
                 self.send_ctrl(control.Done(self.gen, self.metrics(), time.time() - start))
                 self._done_sent = True
             self.keepalive()
+
+    def stop_sources(self, upto: int | None) -> None:
+        """The run stops (`Stop.carry_out`), at the point of the steps the mode logs it at."""
+        self.stop.carry_out(self.sources, upto)
 
     def _ahead_of_peers(self, sources: list, peer_inputs: list) -> bool:
         """Whether `sources` are too far past the least epoch closed on an exchange channel from

@@ -26,7 +26,8 @@ from nosync.runtime.graph import (
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.loops import ROUND_BITS, LoopHead
-from nosync.runtime.operators import EOS, SinkOp, SourceOp
+from nosync.runtime.operators import EOS, SinkOp
+from nosync.runtime.source_op import SourceOp
 from nosync.spark.stages import dump_ops, resume_round, round_nodes, round_path, stage_entries, stages
 from nosync.state import checkpoints
 from nosync.state.checkpoints import restore_keyed
@@ -70,9 +71,8 @@ class _Host:
         self.slow_s = 0.0
         self.clock = _Clock()
         self.first_read_at: float | None = None
-        self.dead_letters = DeadLetters(
-            lambda letter: self.rows.append((index, -1, index, 0, DEAD, 0, codec.pack([index, letter]))),
-            spec.get("on_bad_record", "deadletter") == "fail",
+        self.dead_letters = DeadLetters.of_spec(
+            lambda letter: self.rows.append((index, -1, index, 0, DEAD, 0, codec.pack([index, letter]))), spec
         )
         self.rows: list[tuple] = []
         self.switches: list[_Switch] = []

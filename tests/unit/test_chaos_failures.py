@@ -26,6 +26,8 @@ def allowed(mode: str, failure: str, tier: str | None, replicas: int | None, wor
         return False  # hosts of a cluster only (`--cluster`)
     if failure == "two" and workers < 2:
         return False
+    if failure == "stop":
+        return mode != "replay"  # nothing is lost; replay persists nothing to resume from
     if failure in ("process", "hang", "pause") or mode == "replay":
         # a stopped process keeps its disk, as a killed one does
         return True
@@ -51,6 +53,8 @@ def test_refusal_of_every_mode_level_and_class(mode, failure):
         assert f"--failure {failure}" in said, (case, said)
         if failure in ("partition", "hang-machine"):
             assert "--cluster" in said, (case, said)
+        elif failure == "stop":
+            assert "mode replay persists nothing" in said, (case, said)
         elif failure == "two" and workers < 2:
             assert "-w 2" in said, (case, said)
         elif tier == "replicated" and mode == "abs":

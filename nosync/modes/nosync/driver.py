@@ -221,7 +221,7 @@ class NosyncMode(Mode):
         """Sends the new attempt the peers to restore alone with, and tells every other
         worker to connect to it."""
         peers = [coord.members[i] for i in range(coord.workers)]
-        extra = {"restore": True, "alone": True, "moved": dict(coord.moved)}
+        extra = {"restore": True, "alone": True, "moved": dict(coord.moved), "source_t0": coord.source_clock.t0()}
         coord.send(worker, control.Peers(coord.gen, peers, extra))
         for w in range(coord.workers):
             if w != worker:

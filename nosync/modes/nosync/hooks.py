@@ -456,10 +456,10 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         return not self.away and not self.replaying and all(self.up.get(j) for j in worker.out)
 
     def can_finish(self, worker: Worker) -> bool:
-        """Whether every step is in a lineage point, no append awaits durability, the sinks
-        committed everything and every link to a peer resumed."""
+        """Whether every step is in a lineage point (a stopping run's: in a snapshot), no append
+        awaits durability, the sinks committed everything and every link to a peer resumed."""
         return (
-            self.point_step == self.step
+            self.point_step == self.step == (self.step if worker.stop.end_epoch == EOS else self.snapshot_step)
             and not self.pending
             and not any(s.uncommitted for s in worker.sinks)
             and all(self.resumed.get(j) for j in worker.out)

@@ -193,6 +193,9 @@ class Snapshots:
             ended = all(s.frontier == EOS for s in worker.sinks)
         else:
             ended = all(s.finished for s in worker.sources)
+        # a stopped run ends with a snapshot of every step: the resumed run restores it and
+        # replays nothing of the stop
+        final = worker.stop.end_epoch != EOS and self._stopped_here(worker)
         # Invariant: at most max_concurrent_snapshots are under way (not durable). A snapshot
         # taken while the persister still works on the one before only queues behind it: it
         # makes no recovery shorter (a recovery restores the last durable snapshot), and each
@@ -200,8 +203,8 @@ class Snapshots:
         # further behind. Waiting lets the changed keys coalesce instead.
         if (
             self.step > self.snapshot_step
-            and not ended
-            and (now - self.last_snapshot >= self.interval_s or self.unpersisted > self.max_unpersisted)
+            and (final or not ended)
+            and (final or now - self.last_snapshot >= self.interval_s or self.unpersisted > self.max_unpersisted)
             and self._under_way() < self.max_concurrent_snapshots
         ):
             self._snapshot(worker)
@@ -218,6 +221,18 @@ class Snapshots:
             self._durable(worker)
         if any(s.deferred for s in worker.sinks):
             self._commit_safe(worker)  # a commit the fence held back, now that the lease may be back
+
+    def stop_sources(self, worker: Worker, upto: int | None) -> None:
+        """Logs the step that stops the sources (a replay stops them at the same point of the
+        worker's steps), then stops them."""
+        self.log_step((Step.STOPPED, upto))
+        worker.stop_sources(upto)
+
+    def _stopped_here(self, worker: Worker) -> bool:
+        """Whether every operator passed the boundary the run stops at, and nothing is left to
+        send: no step after it changes the state."""
+        end = worker.stop.end_epoch
+        return all(op.frontier >= end for op in worker.ops) and all(c.backlog == 0 for c in worker.out.values())
 
     def _sinks_moved(self, worker: Worker) -> bool:
         return any(self.sink_frontiers.get(s.name, -1) != s.frontier for s in worker.sinks)

@@ -225,6 +225,9 @@ def run_task(spec: dict, job: dict, task: int, tasks: int) -> dict:
                 w.process_frame(int(j), frames.Frame(int(fkind), header, body))
             elif kind == Step.READ:
                 w.sources[int(entry[1])].poll(entry[2])
+            elif kind == Step.STOPPED:
+                for src in w.sources:
+                    src.stop(entry[1])
             # "f", "F", "C": flushes of buffers that hold nothing here (remote shares dropped)
         keyed = {}
         for i, op in enumerate(w.ops):

@@ -39,6 +39,9 @@ def execute(h: Any, worker: Worker, entry: tuple, pump: Any) -> None:
         h.log_step((Step.FLUSHED_ALL,))
         for r in worker.routers:
             r.flush()
+    elif kind == Step.STOPPED:
+        h.log_step(tuple(entry))
+        worker.stop_sources(None if entry[1] is None else int(entry[1]))
     elif kind == Step.CUT:
         h.log_step(tuple(entry))
         now = [h.produced.get(d, 0) for d in range(worker.workers)]

@@ -337,7 +337,10 @@ def test_coordinator_registers_a_worker_with_the_right_secret(coordinator):
             assert data, "the coordinator closed a registered worker's connection"
             got.extend(reader.feed(data))
         assert got[0].kind == frames.CONTROL
-        assert got[0].body == {"type": "peers", "gen": 0, "addresses": (("127.0.0.1", 4242),), "moved": {}}
+        body = dict(got[0].body)
+        # the run's source clock starts with its first generation (`SourceClock`)
+        assert abs(body.pop("source_t0") - time.time()) < 60
+        assert body == {"type": "peers", "gen": 0, "addresses": (("127.0.0.1", 4242),), "moved": {}}
         assert 0 in coordinator.conns
         assert coordinator.attempts == {0: 0}
         assert coordinator.refused == 1

@@ -37,6 +37,7 @@ def test_options_cross_the_wire_unchanged():
         ({"mode": "abs", "replicas": 1}, "--replicas"),
         ({"mode": "abs", "checkpoint_tier": "replicated"}, "replicated"),
         ({"mode": "nosync", "checkpoint_tier": "replicated", "replicas": 0}, "--replicas 1"),
+        ({"max_dead_letters": 0}, "--max-dead-letters"),
     ],
 )
 def test_a_bad_option_is_refused_naming_it(changes, named):
@@ -68,6 +69,8 @@ def test_every_run_option_is_a_flag_of_run():
         (["--failure-timeout-ms", "-5"], "--failure-timeout-ms"),
         (["--standbys", "-1"], "--standbys"),
         (["--standbys", "1"], "--standbys 1: mode none does not recover"),
+        (["--max-dead-letters", "0"], "--max-dead-letters"),
+        (["--max-dead-letters", "-3"], "--max-dead-letters"),
     ],
 )
 def test_run_refuses_bad_options_with_exit_2_before_starting_spark(args, named):
@@ -80,3 +83,10 @@ def test_replicas_default_to_one_on_the_replicated_tier_and_to_none_elsewhere():
     assert RunOptions(mode="nosync", checkpoint_tier="replicated").replica_count == 1
     assert RunOptions(mode="nosync", checkpoint_tier="remote").replica_count == 0
     assert RunOptions(mode="nosync", workers=3, checkpoint_tier="remote", replicas=2).replica_count == 2
+
+
+def test_dead_letters_are_bounded_by_default_and_unbounded_by_none():
+    assert RunOptions().max_dead_letters == 10_000
+    assert RunOptions(max_dead_letters=1).max_dead_letters == 1
+    assert RunOptions(max_dead_letters=None).max_dead_letters is None
+    assert RunOptions.from_wire(RunOptions(max_dead_letters=None).to_wire()).max_dead_letters is None

@@ -18,6 +18,7 @@ from nosync.modes.nosync import NosyncHooks
 from nosync.modes.nosync.outlog import OutputLog
 from nosync.runtime import control
 from nosync.runtime.graph import make_op
+from nosync.runtime.source_op import Stop
 
 
 class StandInSource:
@@ -35,6 +36,7 @@ class StandInWorker:
         self.sources = [StandInSource()]
         self.ops = ops or []
         self.ctrl: list[dict] = []
+        self.stop = Stop()  # a run not being stopped
 
     def send_ctrl(self, msg: control.Message) -> None:
         self.ctrl.append(control.to_wire(msg))  # as the coordinator gets it

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import nosync as ns
-from nosync.runtime.operators import EOS, SourceOp
+from nosync.runtime.operators import EOS
+from nosync.runtime.source_op import SourceOp
 
 SETTINGS = settings(
     deadline=None,
