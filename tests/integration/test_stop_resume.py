@@ -11,11 +11,13 @@ import os
 import subprocess
 
 import pytest
+from support import soak
 from support.paths import NOSYNC, ROOT, WORKLOADS
 from support.runs import committed_pairs
-from support.workloads import keyed_count_expected
+from support.workloads import keyed_count_expected, workload_params
 
 import nosync as ns
+from experiments.chaos import chaos
 
 RECORDS, KEYS = 240_000, 3000
 
@@ -49,3 +51,27 @@ def test_stop_refuses_a_directory_without_a_run_and_a_run_that_ended(tmp_path):
     assert proc.returncode == 2
     assert "already ended" in proc.stderr
     assert not (tmp_path / "stop").exists()
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("seed", soak.SEEDS)
+@pytest.mark.parametrize("workers", soak.WORKERS)
+@pytest.mark.parametrize("mode", ["abs", "nosync"])
+@pytest.mark.parametrize("workload", soak.WORKLOADS)
+def test_stop_and_resume_soak(tmp_path, workload, mode, workers, seed):
+    """`nosync chaos --failure stop`: two SIGTERMs, each run exiting 0 where it stopped and
+    resumed, against two runs never stopped."""
+    r = chaos(
+        os.path.join(WORKLOADS, f"{workload}.py"),
+        mode,
+        workers,
+        2,
+        seed=seed,
+        params=workload_params(workload, tmp_path),
+        out=str(tmp_path / "chaos"),
+        failure="stop",
+    )
+    assert r["deterministic"] and "run_failed" not in r, r
+    assert r["kills"] == 2 and r["resumes"] == 2, r
+    assert all(k["stopped"]["epoch"] is not None for k in r["killed"]), r["killed"]
+    assert (r["lost"], r["duplicated"]) == (0, 0) and r["exactly_once"] is True, r["sinks"]
