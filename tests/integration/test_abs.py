@@ -68,6 +68,7 @@ def test_chaos_abs_soak(tmp_path, workload, workers, kills, seed):
 # -- runs driven by hand -----------------------------------------------------------------
 
 
+@pytest.mark.soak  # the suite's time: the soak grid kills abs up to 3 times a run
 def test_two_kills_close_together(tmp_path):
     """The retry of the first victim is killed while it restores; the run still ends exactly-once."""
     records, keys = 2_000_000, 200_000
@@ -97,6 +98,7 @@ def test_two_kills_close_together(tmp_path):
     assert len(summary["recoveries"]) == 2
 
 
+@pytest.mark.soak  # the suite's time
 def test_records_read_again_count_from_the_sources_positions_in_the_checkpoint(tmp_path):
     """A recovery counts what each worker reads again from its sources' positions as the
     restored checkpoint holds them (its file, written by the sources' snapshots), not from

@@ -32,6 +32,7 @@ def table_files(out) -> dict[str, float]:
     return {f: os.stat(os.path.join(d, f)).st_mtime_ns for f in os.listdir(d) if f.endswith(".parquet")}
 
 
+@pytest.mark.soak  # the suite's time: the experiments' harness is covered by its unit tests
 def test_quick_grid_table_figure_and_resume(tmp_path):
     out = str(tmp_path / "exp")
     p = experiment(EXP, "--quick", "--out", out, *TINY)

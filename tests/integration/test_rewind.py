@@ -472,6 +472,7 @@ def test_a_run_whose_store_is_of_an_older_format_is_refused_naming_the_run_s_sto
     assert str(ei.value) == f"the stores of {run_dir} cannot be read: {said}"
 
 
+@pytest.mark.soak  # the suite's time
 def test_state_of_a_branch_whose_input_ended_before_the_cut(tmp_path):
     """two_branches: operator "twice" lies in stage 2, fed only by a source of 1,000 records
     that ends long before the cut; the other branch ends in stage 1. The batch jobs must still
