@@ -33,7 +33,7 @@ from nosync.api.plan import plan
 from nosync.driver import metrics
 from nosync.driver.coordinator import Coordinator
 from nosync.driver.rows import RowLog
-from nosync.driver.stopping import check_requests, stop_file, stop_signals
+from nosync.driver.stopping import SourceClock, check_requests, stop_file, stop_signals
 from nosync.driver.task import worker_main
 from nosync.errors import NosyncError, RunFailed
 from nosync.modes import get_mode
@@ -102,6 +102,8 @@ def run(
     if driver_mode.requires_replayable_sources:
         require_replayable(pipeline, f"mode {mode}", "only mode nosync logs its input to make it replayable")
     os.makedirs(run_dir, exist_ok=True)
+    # the run resumed says where its clock was: read before this run's run.json replaces its
+    clock = SourceClock.resumed(run_dir) if opts.resume else SourceClock(run_dir)
     with contextlib.suppress(FileNotFoundError):
         os.remove(stop_file(run_dir))  # a request a stopped run left
     _write_json(
@@ -164,8 +166,7 @@ def run(
             max_dead_letters=opts.max_dead_letters,
         )
         coord.event("coordinator", address=list(coord.address))
-        if opts.resume:
-            coord.source_clock.resumed(run_dir)
+        coord.source_clock = clock
         spec = {
             "run_id": run_id,
             "pipeline_file": pipeline_file,

@@ -36,6 +36,9 @@ been lost and recovered meanwhile, or not yet run its restored generation)."""
 STOP_FILE = "stop"
 """The file in the run directory that `nosync stop` writes (the run's driver polls for it)."""
 
+CLOCK_FILE = "source-clock.json"
+"""The file in the run directory that says when the run's source clock started."""
+
 
 class Stopping:
     """The stop of one run, driven from the coordinator's loop (`tick`)."""
@@ -153,35 +156,42 @@ class SourceClock:
     """The run's source clock: a paced source's record j of a partition is due j / rate after
     its start (`Generator(rate=...)`). It starts when the first generation is released to the
     workers, not at launch (Spark's start-up is no backlog), and every later attempt gets the
-    same start in its `Peers`. A resumed run's clock goes on from where a run that stopped
-    cleanly left it; one that was killed keeps its start: its input was due meanwhile, a
-    backlog (`resumed`)."""
+    same start in its `Peers`; the start is written to the run directory's CLOCK_FILE then.
+    A resumed run's clock (`resumed`) goes on from where a run that stopped cleanly left it;
+    one that was killed keeps its start: its input was due meanwhile, a backlog."""
 
-    def __init__(self) -> None:
-        self.start: float | None = None
-        self.elapsed = 0.0
+    def __init__(self, run_dir: str | None = None, start: float | None = None, elapsed: float = 0.0) -> None:
+        self.run_dir = run_dir
+        self.start = start
+        self.elapsed = elapsed
+
+    @classmethod
+    def resumed(cls, run_dir: str) -> SourceClock:
+        """The clock of a run that resumes the one in `run_dir`: read before this run writes
+        its own run.json there."""
+        before = read_json(os.path.join(run_dir, "run.json"))
+        summary = read_json(os.path.join(run_dir, "summary.json"))
+        if summary.get("run_id") == before.get("run_id") and summary.get("source_clock_s") is not None:
+            return cls(run_dir, elapsed=float(summary["source_clock_s"]))
+        started = read_json(os.path.join(run_dir, CLOCK_FILE)).get("source_t0")
+        return cls(run_dir, start=None if started is None else float(started))
 
     def t0(self) -> float:
         """The wall time the clock started at (now, the first time it is asked)."""
         if self.start is None:
             self.start = time.time() - self.elapsed
+            if self.run_dir is not None:
+                with open(os.path.join(self.run_dir, CLOCK_FILE), "w", encoding="utf-8") as f:
+                    json.dump({"source_t0": self.start}, f)
         return self.start
-
-    def resumed(self, run_dir: str) -> None:
-        """The clock of the run in `run_dir` this one resumes."""
-        before = _read_json(os.path.join(run_dir, "run.json"))
-        summary = _read_json(os.path.join(run_dir, "summary.json"))
-        if summary.get("run_id") == before.get("run_id") and summary.get("source_clock_s") is not None:
-            self.elapsed = float(summary["source_clock_s"])
-        elif before.get("source_t0") is not None:
-            self.start = float(before["source_t0"])
 
     def read(self, now: float) -> float | None:
         """The clock's reading at `now` (None: it never started)."""
         return None if self.start is None else now - self.start
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+    """The JSON object in `path`; {} when there is none or it holds no object."""
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)

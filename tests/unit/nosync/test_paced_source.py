@@ -150,3 +150,27 @@ def test_a_stopped_source_closes_its_epoch_and_a_restored_one_reads_on_exactly()
     whole = [r for recs, _ in itertools.islice(gen.read({"p": 0, "of": 1}, 0, 1000), n // 1000 + 1) for r in recs][:n]
     assert [r for r, _ in got["records"]] + [r for r, _ in more["records"]] == whole
     assert {e for _, e in more["records"]} == {epoch + 4}
+
+
+def test_a_resumed_clock_goes_on_after_a_stop_and_keeps_its_start_after_a_kill(tmp_path):
+    import json
+    import time
+
+    from nosync.driver.stopping import CLOCK_FILE, SourceClock
+
+    # the run in tmp_path started its clock, then stopped cleanly 12.5 s into it
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "a"}))
+    (tmp_path / CLOCK_FILE).write_text(json.dumps({"source_t0": 1000.0}))
+    (tmp_path / "summary.json").write_text(json.dumps({"run_id": "a", "source_clock_s": 12.5}))
+    clock = SourceClock.resumed(str(tmp_path))
+    before = time.time()
+    t0 = clock.t0()
+    assert before - 12.5 <= t0 <= time.time() - 12.5
+    assert json.loads((tmp_path / CLOCK_FILE).read_text()) == {"source_t0": t0}
+    # the resumed run (b) was killed: no summary of its own, its clock's start stands
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "b"}))
+    assert SourceClock.resumed(str(tmp_path)).t0() == t0
+    # a run that never started its clock: a new one starts now
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert SourceClock.resumed(str(empty)).t0() >= before
