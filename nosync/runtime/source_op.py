@@ -78,16 +78,19 @@ class SourceOp(Op):
         st["skip"] = i + len(recs)
         return recs
 
-    def _eligible(self) -> dict | None:
+    def _eligible(self) -> tuple[dict, int] | None:
         """The partition the next poll reads from (the first not done with room left in the
-        epoch), None when the next poll closes the epoch or finishes."""
+        epoch) and the most records it may read, None when the next poll closes the epoch or
+        finishes."""
         w = self.w
         for st in self.parts:
             if st["done"]:
                 continue
-            if not w.epoch_ms and (self.epoch + 1) * w.epoch_records - st["read"] <= 0:
-                continue
-            return st
+            if w.epoch_ms:
+                return st, w.batch_size
+            room = (self.epoch + 1) * w.epoch_records - st["read"]
+            if room > 0:
+                return st, min(w.batch_size, room)
         return None
 
     def due_at(self) -> float:
@@ -98,9 +101,10 @@ class SourceOp(Op):
             return 0.0
         if self.w.epoch_ms and self.time_epoch() > self.epoch:
             return 0.0
-        st = self._eligible()
-        if st is None:
+        found = self._eligible()
+        if found is None:
             return 0.0
+        st = found[0]
         chunk = st["chunk"]
         if chunk is not None and st["skip"] < len(chunk):
             return 0.0
@@ -117,21 +121,14 @@ class SourceOp(Op):
         if self.finished:
             return False
         w = self.w
-        per_epoch = w.epoch_records
         if w.epoch_ms:
             e = self.time_epoch() if now_epoch is None else now_epoch
             if e > self.epoch:
                 self._close_epoch(e - 1)
                 self.epoch = e
-        for st in self.parts:
-            if st["done"]:
-                continue
-            limit = w.batch_size
-            if not w.epoch_ms:
-                room = (self.epoch + 1) * per_epoch - st["read"]
-                if room <= 0:
-                    continue
-                limit = min(limit, room)
+        # a partition that turns out done is passed over for the next one
+        while (found := self._eligible()) is not None:
+            st, limit = found
             recs = self._next_chunk(st, limit)
             if recs:
                 st["read"] += len(recs)
@@ -142,7 +139,7 @@ class SourceOp(Op):
                     mid = int(st["offset"] or 0) + st["skip"] - (len(recs) + 1) // 2
                     w.clock.ts = self.t0 + self._due(st["part"], mid)
                 if w.first_read_at is None:
-                    w.first_read_at = w.clock.ts
+                    w.first_read_at = time.time()
                 self.records_in += len(recs)
                 self.emit(recs, self.epoch)
                 if w.slow_s:
