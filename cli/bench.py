@@ -13,6 +13,15 @@ import click
 from cli.common import master_option, spark_log, staged_log, verbose_option
 from nosync.modes import MODES
 
+interval_option = click.option(
+    "--interval-ms",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="abs's checkpoint interval and nosync's persistence interval alike.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+
 
 @click.group()
 @verbose_option()
@@ -50,7 +59,7 @@ def _report(name: str, run, render, as_json: bool) -> None:
 
 
 @bench.command("lsm")
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 @click.option("--keys", default=1_000_000, show_default=True, type=click.IntRange(min=1000))
 @click.option(
     "--runs",
@@ -107,7 +116,7 @@ def bench_lsm(as_json: bool, keys: int, rounds: int, probes: int, seed: int, wor
     help="Commit to Parquet files, or count and drop (the engine alone).",
 )
 @click.option("--epoch-records", type=click.IntRange(min=1), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_throughput(mode, workers, records, keys, master, sink, epoch_records, as_json) -> None:
     """keyed_count through the engine against the bare Python loop, measured in one command."""
     from experiments.bench import throughput
@@ -152,13 +161,7 @@ def _modes(value: str, levels: bool = False) -> list[str]:
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--skew", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Zipf exponent of keys.")
 @click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept per mode.")
-@click.option(
-    "--interval-ms",
-    type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="abs's checkpoint interval and nosync's persistence interval alike.",
-)
+@interval_option
 @click.option(
     "--slow-worker",
     "slow_ms",
@@ -169,7 +172,7 @@ def _modes(value: str, levels: bool = False) -> list[str]:
     help="Worker 0's source waits MS milliseconds after every batch (a straggler).",
 )
 @master_option()
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_ms, master, as_json) -> None:
     """keyed_count under each mode, with each mode's ratio to mode none, in one command."""
     from experiments.bench import compare
@@ -199,13 +202,7 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--value-bytes", type=click.IntRange(min=0), default=0, show_default=True, help="Bytes of state per key.")
-@click.option(
-    "--interval-ms",
-    type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="abs's checkpoint interval and nosync's persistence interval alike.",
-)
+@interval_option
 @click.option("--warmup-s", type=click.FloatRange(min=0), default=20.0, show_default=True)
 @click.option(
     "--window-s",
@@ -222,7 +219,7 @@ def bench_compare(modes, workers, records, keys, skew, reps, interval_ms, slow_m
     help="The bisection's upper bound, records/s per partition (default: 1.25x mode none unpaced).",
 )
 @master_option()
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_sustain(
     modes, workers, keys, value_bytes, interval_ms, warmup_s, window_s, steps, max_rate, master, as_json
 ) -> None:
@@ -269,13 +266,7 @@ def bench_sustain(
 @click.option("--records", type=click.IntRange(min=1), default=30_000_000, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept per place.")
-@click.option(
-    "--interval-ms",
-    type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="abs's checkpoint interval and nosync's persistence interval alike.",
-)
+@interval_option
 @click.option(
     "--checkpoint-tier",
     type=click.Choice(["disk", "remote", "replicated"]),
@@ -283,7 +274,7 @@ def bench_sustain(
     show_default=True,
     help="Where abs's and nosync's snapshots must be durable, in both places.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_hosts(cluster_name, modes, workers, records, keys, reps, interval_ms, checkpoint_tier, as_json) -> None:
     """keyed_count on one host (embedded) and across a cluster's hosts, the same run in both:
     records/s across hosts over one host (bar: 0.8)."""
@@ -317,13 +308,7 @@ def bench_hosts(cluster_name, modes, workers, records, keys, reps, interval_ms, 
 @click.option("--workers", type=click.IntRange(min=2), default=2, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(8M, 8 x keys).")
-@click.option(
-    "--interval-ms",
-    type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="abs's checkpoint interval and nosync's persistence interval alike.",
-)
+@interval_option
 @click.option(
     "--reps",
     type=click.IntRange(min=1),
@@ -345,7 +330,7 @@ def bench_hosts(cluster_name, modes, workers, records, keys, reps, interval_ms, 
     "Default: disk; with --failure machine, replicated,remote.",
 )
 @master_option()
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_recovery(modes, workers, keys, records, interval_ms, reps, failure, tiers, master, as_json) -> None:
     """Kills one worker mid-run; prints recovery time and records reprocessed per mode (and level)."""
     from experiments.bench import recovery
@@ -391,7 +376,7 @@ def bench_recovery(modes, workers, keys, records, interval_ms, reps, failure, ti
 )
 @click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Steady-state pairs.")
 @master_option()
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_span(workers, keys, records, kill_at, reps, master, as_json) -> None:
     """nosync recovery of one worker: record by record against the span job, per span length."""
     from experiments.bench import span
@@ -416,7 +401,7 @@ def bench_span(workers, keys, records, kill_at, reps, master, as_json) -> None:
 @click.option("--keys", type=click.IntRange(min=1), default=100_000, show_default=True)
 @click.option("--reps", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds; best kept for each.")
 @master_option()
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_batch(workers, records, keys, reps, master, as_json) -> None:
     """A keyed_count backfill: Spark batch jobs against the streaming run, in one session."""
     from experiments.bench import batch
@@ -441,7 +426,7 @@ def bench_batch(workers, records, keys, reps, master, as_json) -> None:
     show_default=True,
     help="The run's mode: the rewind starts from its checkpoint (abs) or from a cut of its snapshots (nosync).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
+@json_option
 def bench_rewind(workers, keys, records, master, mode, as_json) -> None:
     """Rewinds keyed_count by the last 10% of its epochs; against the run's own time for them."""
     from experiments.bench import rewind

@@ -10,14 +10,6 @@ import time
 import click
 
 
-def _read(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 @click.command("stop")
 @click.argument("run_dir", type=click.Path())
 @click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for the run to have stopped.")
@@ -30,13 +22,13 @@ def stop_cmd(run_dir: str, wait: bool, timeout: float) -> None:
     exits 0. `nosync run --resume --run-dir RUN_DIR` reads on from there. The same as SIGINT or
     SIGTERM to `nosync run`; the request is a file in RUN_DIR, so any host that shares it may
     ask."""
-    from nosync.driver.stopping import stop_file
+    from nosync.driver.stopping import read_json, stop_file
 
-    run = _read(os.path.join(run_dir, "run.json"))
-    if run is None:
+    run = read_json(os.path.join(run_dir, "run.json"))
+    if not run:
         click.echo(f"error: {run_dir}: no run.json there, so no run to stop", err=True)
         sys.exit(2)
-    summary = _read(os.path.join(run_dir, "summary.json")) or {}
+    summary = read_json(os.path.join(run_dir, "summary.json"))
     if summary.get("run_id") == run.get("run_id"):
         click.echo(f"error: the run in {run_dir} (run {run.get('run_id')}) has already ended", err=True)
         sys.exit(2)
@@ -47,7 +39,7 @@ def stop_cmd(run_dir: str, wait: bool, timeout: float) -> None:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        summary = _read(os.path.join(run_dir, "summary.json")) or {}
+        summary = read_json(os.path.join(run_dir, "summary.json"))
         if summary.get("run_id") == run.get("run_id"):
             stopped = summary.get("stopped") or {}
             click.echo(
