@@ -307,7 +307,7 @@ def recovery(
             "replay_restore_s": r.get("replay_restore_s"),
             # nosync: the keyed state's load in the background, and how long the replay waited on it
             "load_s": r.get("load_s"),
-            "load_wait_s": r.get("load_wait_s"),
+            "keys_read_alone": r.get("keys_read_alone"),
             "records_replayed": r.get("records_replayed"),
             "span_records": r.get("span_records"),
             "span_steps": r.get("span_steps"),

@@ -3,7 +3,7 @@
 Each worker numbers its steps and logs them as lineage entries that travel with its frames,
 keeps what it sent in an output log in memory, and persists in the background, alone: lineage
 points every few milliseconds (the steps taken and the sinks' pre-commits; a worker's durable
-point, and so the safe point sinks commit at, moves with them) and snapshots of its state
+point, which its own sinks commit at, moves with them) and snapshots of its state
 every `persist_ms` or, as resources permit, later (its changed keys as columnar runs, the output
 log's residue, its metadata). No worker ever waits for another. A lost worker restores its last
 snapshot, loads its state in bulk, and re-executes the steps after it in their logged order,

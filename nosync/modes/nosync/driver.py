@@ -3,8 +3,8 @@
 The coordinator collects each worker's durable point (its last durable lineage point: the step
 a recovery replays to, the frontier there; and its last durable snapshot: the step a recovery
 restores, the frames it had produced and consumed), and broadcasts them as they change with the
-safe point, the least durable frontier: sinks commit what they pre-committed for epochs at or
-below it, output logs and lineage are trimmed by the snapshots. A lost worker recovers alone
+safe point, the least durable frontier (reported: sinks commit at their own worker's durable
+point, `snapshots._commit_durable`); output logs and lineage are trimmed by the snapshots. A lost worker recovers alone
 (`recovery.py`); a second loss while one recovers, or `run --resume`, restores every worker
 (a new generation). With a replay threshold, a recovering worker's long span runs as a Spark
 job on the run's own session (`span.py`).
@@ -125,7 +125,7 @@ class NosyncMode(Mode):
                     r["steps_replayed"] += int(msg["steps"])
                     r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
                     r["load_s"] = max(r.get("load_s", 0.0), float(msg.get("load_s", 0.0)))
-                    r["load_wait_s"] = max(r.get("load_wait_s", 0.0), float(msg.get("load_wait_s", 0.0)))
+                    r["keys_read_alone"] = r.get("keys_read_alone", 0) + int(msg.get("keys_read_alone", 0))
                     if self.threshold:
                         r["span_steps"] = int(msg.get("span_steps", 0))
                         r["span_records"] = int(msg.get("span_records", 0))
@@ -278,6 +278,7 @@ class NosyncMode(Mode):
             "snapshots": total("snapshots"),
             "lineage_points": total("lineage_points"),
             "lineage_points_logged_here": total("lineage_points_logged_here"),
+            "open_precommits": total("open_precommits"),
             "persist_share": total("persist_s") / (processing * len(per)) if processing and per else 0.0,
             "interval_ms_mean": 1000 * max((m.get("interval_s_mean", 0.0) for m in per), default=0.0),
             "interval_ms_max": 1000 * max((m.get("interval_s_max", 0.0) for m in per), default=0.0),

@@ -25,9 +25,10 @@ it can be (`snapshots.py`):
   own and the others' it holds), and a pre-commit of what the sinks staged for sealed epochs.
   Once it is durable, the worker's durable point is its step: a recovery replays the steps up
   to it from the snapshot before it, re-producing everything, so output up to it may be
-  committed. A sink commits a pre-commit once it is durable and the safe point (the least
-  durable frontier over the workers) passes its epochs. Commit latency is a few milliseconds,
-  whatever the snapshot interval;
+  committed. A sink commits a pre-commit once it is durable here: the lineage of every step
+  elsewhere that its records depend on came with the frames and is in the same points, so no
+  sink waits for another worker (`Snapshots._commit_durable`). Commit latency is a few
+  milliseconds, whatever the snapshot interval;
 - a **snapshot**, every `persist_ms` or later (`snapshots.py`): a keyed operator's changed keys since the
   last one as one run (`take_updates`, one C pass), the residue of the output log, the
   records in the exchange buffers (they are not flushed), a pre-commit of everything staged,
@@ -135,7 +136,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self.recovered = False
         self.restore_s = 0.0
         self.restore_meta_s = 0.0
-        self.load_wait_s = 0.0
+        self.keys_read_alone = 0
         self.load_s = 0.0
         self.outlog: OutputLog | None = None
         self.level_marks: deque = deque()
@@ -172,8 +173,11 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self.snapshot_step = -1
         self.kept: deque = deque(maxlen=RETENTION + 1)
         """The seqs of the latest snapshots, for the store's retention window."""
-        self.pc_epochs: dict[str, dict[int, int]] = {}
         self.safe = -1
+        self.frontier_at: dict[str, tuple[int, float]] = {}
+        """Per sink, its frontier and when it last moved (`Snapshots._open_precommit`)."""
+        self.open_at: dict[str, float] = {}
+        """Per sink, when a lineage point last pre-committed its open epochs."""
         self.queue: dict[int, deque] = {}
         self.ahead: dict[int, dict[int, int]] = {}
         """Per peer, the frames of `queue` credited on arrival (chan_seq -> records)."""
@@ -423,19 +427,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
                     del fp[s]
         self.safe = int(message.get("safe", -1))
         self.away = set(message.get("away", ()))
-        self._commit_safe(worker)
-
-    def _commit_safe(self, worker: Worker) -> None:
-        # a pre-commit goes once it is durable here and the safe point covers its last epoch;
-        # a snapshot's, which holds the epochs still open, waits longer than the points' after
-        # it, which a sink whose output has no order need not hold back
-        for s in worker.sinks:
-            epochs = self.pc_epochs.get(s.name, {})
-            done = s.commit_ready(lambda c, e=epochs: c <= self.durable_seq and e.get(c, EOS) <= self.safe)
-            if done:
-                left = {c for c, _ in s.precommitted}
-                for c in [c for c in epochs if c <= done[-1] and c not in left]:
-                    del epochs[c]
+        self._commit_durable(worker)
 
     # -- lineage points and snapshots -------------------------------------------------------
 
@@ -559,6 +551,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             "snapshots": self.snapshots,
             "snapshot_bytes": self.snapshot_bytes,
             "lineage_points": self.points,
+            "open_precommits": self.open_precommits,
             "lineage_points_logged_here": st.logged_now if st else 0,
             "lineage_point_bytes": self.point_bytes - self.snapshot_bytes,
             "residue_bytes": self.residue_bytes,

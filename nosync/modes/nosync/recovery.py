@@ -91,7 +91,7 @@ def recover(h: Any, worker: Worker) -> None:
             read_restored=h.read_restored,
             restore_s=h.restore_s,
             restore_meta_s=h.restore_meta_s,
-            load_wait_s=h.load_wait_s,
+            keys_read_alone=h.loader.keys_read_alone() if h.loader is not None else h.keys_read_alone,
             load_s=h.load_s,
             span_steps=h.span_steps,
             span_records=h.span_records,
@@ -132,7 +132,6 @@ def restore(h: Any, worker: Worker) -> None:
     h.snap_point = {"step": h.durable_step, "consumed": dict(h.consumed), "produced": dict(h.produced)}
     for origin, entries in meta["stash"].items():
         h.stash.add(int(origin), entries)
-    h.pc_epochs = {n: {int(c): int(e) for c, e in d.items()} for n, d in meta["pc_epochs"].items()}
     h.outlog.restore(store.load(OUT, as_of=snap_seq))
     routers = {r.edge: r for r in worker.routers}
     for edge, d, epoch, data in meta["buffers"]:
@@ -171,6 +170,8 @@ class BulkLoader:
         self.done: dict[int, dict] = {}
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self.read_alone = 0
+        """Keys read alone (a record touched them) before their operator's load was installed."""
         self._stop = False
         for i, op in ops:
             op.lazy(lambda key, i=i: store.get(i, key, as_of=as_of, default=MISSING_STATE), raw=True)
@@ -212,13 +213,19 @@ class BulkLoader:
                     loaded.pop(k, None)
             loaded.update(state)
             op.state = loaded
+            self.read_alone += len(op.looked)
             op.loader = None
             op.looked = set()
         if not self.ops and worker.hooks.loader is self:
             worker.hooks.loader = None
             worker.hooks.load_s = self.seconds
+            worker.hooks.keys_read_alone = self.read_alone
             gc.freeze()  # the loaded state too lives as long as the generation (`Worker._loop`)
         return not self.ops
+
+    def keys_read_alone(self) -> int:
+        """Keys read alone so far, the operators still loading included."""
+        return self.read_alone + sum(len(op.looked) for op in self.ops.values())
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until every operator's state is loaded (at most `timeout` seconds); True
@@ -257,14 +264,9 @@ def replay(h: Any, worker: Worker) -> None:
         except LineageError as e:
             raise RunFailed(f"worker {me}: the lineage its peers hold cannot be replayed: {e}") from e
         entries = plan["replay"]
-        if h.loader is not None and entries:
-            # a key the replay touches would otherwise be read alone, run by run: the load
-            # does that work once, for every key (and it went on while the LINEAGE frames came)
-            t0 = time.perf_counter()
-            while not h.loader.wait(POLL_S):
-                pump(0)  # the peers' frames are taken meanwhile: they go on
-            h.loader.install_done(worker)
-            h.load_wait_s = time.perf_counter() - t0
+        # the replay does not wait for the bulk load: until it is done, a key a step touches is
+        # read alone (`KeyedOp.fault_in`), and the loaded state is installed between two steps
+        # as soon as it is, so a short span is not held up by the load of every key
         if h.threshold and h.alone:
             taken = span.hand_over(h, worker, entries, pump)
             deadline[0] = time.monotonic() + REPLAY_TIMEOUT_S
@@ -282,6 +284,8 @@ def replay(h: Any, worker: Worker) -> None:
                 # what the peers send meanwhile is taken (and credited) as it comes, so that
                 # they go on while this worker replays
                 pump(0)
+                if h.loader is not None:
+                    h.loader.install_done(worker)
                 polled = time.perf_counter()
     finally:
         h.replaying = False

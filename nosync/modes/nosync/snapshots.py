@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lineage import Step
 from lsm import ValueEncodingError
@@ -41,6 +41,11 @@ POINT_S = 0.05
 """The longest a step stays without a lineage point (when no sink frontier moved meanwhile)."""
 POINT_GAP_S = 0.01
 """The shortest time between two lineage points (a sink's frontier that moved asks for one)."""
+HOLD_S = 0.25
+"""How long a sink's frontier may stay where it is, while the sink holds records of an epoch two
+past it, before lineage points pre-commit its open epochs (`_open_precommit`)."""
+OPEN_GAP_S = 0.1
+"""The shortest time between two pre-commits of a sink's open epochs."""
 
 
 class Pending:
@@ -74,22 +79,51 @@ class Snapshots:
 
     def _precommit(self, worker: Worker, seq: int, everything: bool) -> list:
         """Pre-commits, under `seq`, what the sinks staged: at a lineage point, for sealed epochs
-        only, and not durably (a recovery's replay makes it again, the steps before it being
-        durable); at a snapshot, everything, durably (a restore starts after it), and every
-        earlier pre-commit not yet committed is made durable too. Returns [sink, seq, upto] of
-        each pre-commit made."""
+        only (for open ones too when the sink's frontier is held, `_open_precommit`), and not
+        durably (a recovery's replay makes it again, the steps before it being durable); at a
+        snapshot, everything, durably (a restore starts after it), and every earlier pre-commit
+        not yet committed is made durable too. Returns [sink, seq, upto] of each pre-commit made
+        (upto None: everything staged)."""
         made = []
+        now = time.monotonic()
         for s in worker.sinks:
             if everything:
                 s.harden()
-            upto = None if everything else min(s.frontier, s.last_epoch)
+            opened = not everything and self._open_precommit(worker, s, now)
+            upto = None if everything or opened else min(s.frontier, s.last_epoch)
             if not s.part.has_staged(ALL if upto is None else upto):
                 continue
+            if opened:
+                self.open_precommits += 1
+                self.open_at[s.name] = now
             s.precommit(seq, upto, durable=everything)
-            bound = s.last_epoch if upto is None else upto
-            self.pc_epochs.setdefault(s.name, {})[seq] = bound
             made.append([s.name, seq, upto])
         return made
+
+    def _open_precommit(self, worker: Worker, s: Any, now: float) -> bool:
+        """Whether a lineage point pre-commits a sink's open epochs too, not only those its
+        frontier sealed: while a peer is away (restoring, replaying), or while the frontier has
+        not moved for HOLD_S though the sink holds records of an epoch two past it (a peer hung,
+        or slow); at most every OPEN_GAP_S. The sink commits them once this worker's point is
+        durable, as any pre-commit (`_commit_durable`): its output does not wait for the peer.
+        """
+        at = self.frontier_at.get(s.name)
+        if at is None or at[0] != s.frontier:
+            self.frontier_at[s.name] = at = (s.frontier, now)
+        if s.frontier == EOS or s.last_epoch <= s.frontier or now - self.open_at.get(s.name, 0.0) < OPEN_GAP_S:
+            return False
+        held = s.last_epoch >= s.frontier + 2 and now - at[1] >= HOLD_S
+        return held or bool(self.away) or not all(self.up.get(j) for j in worker.out)
+
+    def _commit_durable(self, worker: Worker) -> None:
+        """Commits every pre-commit at or below this worker's durable point: the per-sink rule
+        (docs/modes/nosync.md, "Committing output"). What a pre-commit holds was staged by steps
+        this worker logged; the lineage entries of every step of other workers those depend on
+        came with the frames consumed and were persisted by the same lineage points. A durable
+        point therefore lets any recovery re-execute the same steps, and nothing waits for the
+        slowest worker."""
+        for s in worker.sinks:
+            s.commit_ready(lambda c: c <= self.durable_seq)
 
     def _append(self, worker: Worker, runs: dict, snapshot: dict | None, pcs: list) -> None:
         """One append to the store at the next seq: `runs`, and a lineage point (the entries
@@ -151,7 +185,6 @@ class Snapshots:
             "produced": self.produced,
             "consumed": self.consumed,
             "stash": {o: self.stash.entries(o) for o in self.stash.origins() if o != worker.index},
-            "pc_epochs": self.pc_epochs,
             "frontier": self._frontier(worker),
             "buffers": [
                 [r.edge, d, r.buffer_epoch[d], frames.pack_records(r.buffers[d], r.sender)]
@@ -220,7 +253,7 @@ class Snapshots:
         if self.pending:
             self._durable(worker)
         if any(s.deferred for s in worker.sinks):
-            self._commit_safe(worker)  # a commit the fence held back, now that the lease may be back
+            self._commit_durable(worker)  # a commit the fence held back, now that the lease may be back
 
     def stop_sources(self, worker: Worker, upto: int | None) -> None:
         """Logs the step that stops the sources (a replay stops them at the same point of the
@@ -262,13 +295,15 @@ class Snapshots:
             "produced": self.snap_point["produced"] if self.snap_point else {},
         }
         worker.send_ctrl(control.mode_message(NosyncOp.DURABLE, gen=worker.gen, point=point))
-        self._commit_safe(worker)
+        self._commit_durable(worker)
 
     snap_point: dict | None = None
     _paced_base = 0.0
     """What the levels that can fall behind had taken at the last durable snapshot."""
     snapshot_cpu_s = 0.0
     """The processing thread's time in the durable snapshots (taking their state)."""
+    open_precommits = 0
+    """Lineage points' pre-commits of a sink's open epochs (its frontier held)."""
 
     def _snapshot_durable(self, worker: Worker, p: Pending) -> None:
         self.durable_step = p.step

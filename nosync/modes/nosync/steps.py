@@ -59,7 +59,6 @@ def precommit_again(h: Any, worker: Worker, pcs: list) -> None:
     for name, c, upto in pcs:
         s = sinks[name]
         s.precommit(int(c), None if upto is None else int(upto), durable=False)
-        h.pc_epochs.setdefault(name, {})[int(c)] = s.last_epoch if upto is None else int(upto)
 
 
 def next_frame(h: Any, j: int, seq: int, pump: Any) -> Any:
