@@ -308,6 +308,32 @@ def bench_hosts(cluster_name, modes, workers, records, keys, reps, interval_ms, 
 @click.option("--workers", type=click.IntRange(min=2), default=2, show_default=True)
 @click.option("--keys", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--records", type=click.IntRange(min=1), default=None, help="Default: max(8M, 8 x keys).")
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="A paced run instead: records/s per partition, open loop, unbounded, for --duration seconds.",
+)
+@click.option(
+    "--value-bytes",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="With --rate: bytes of the value each key's state keeps.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="With --rate: seconds of input (at least 30 intervals).",
+)
+@click.option(
+    "--kill-at-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="With --rate: seconds of input when the kill comes (default: once every key has its state).",
+)
 @interval_option
 @click.option(
     "--reps",
@@ -331,7 +357,22 @@ def bench_hosts(cluster_name, modes, workers, records, keys, reps, interval_ms, 
 )
 @master_option()
 @json_option
-def bench_recovery(modes, workers, keys, records, interval_ms, reps, failure, tiers, master, as_json) -> None:
+def bench_recovery(
+    modes,
+    workers,
+    keys,
+    records,
+    rate,
+    value_bytes,
+    duration,
+    kill_at_s,
+    interval_ms,
+    reps,
+    failure,
+    tiers,
+    master,
+    as_json,
+) -> None:
     """Kills one worker mid-run; prints recovery time and records reprocessed per mode (and level)."""
     from experiments.bench import recovery
     from nosync.options import TIERS
@@ -358,6 +399,10 @@ def bench_recovery(modes, workers, keys, records, interval_ms, reps, failure, ti
             progress=progress,
             failure=failure,
             tiers=levels,
+            rate=rate,
+            value_bytes=value_bytes,
+            duration=duration,
+            kill_at_s=kill_at_s,
         ),
         recovery.render,
         as_json,

@@ -51,6 +51,39 @@ STEADY_FIELDS = (
 )
 
 
+def dir_bytes(path: str) -> int:
+    """The bytes of the files under `path` (files that go meanwhile are skipped)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def drained_after(samples: list[tuple[float, int]], t0: float, rate: float, kill_at: float) -> float | None:
+    """Seconds from `kill_at` until the backlog (records due at `rate` from `t0`, minus records
+    read, over (wall time, read) samples) is back within a tenth of a second of input of its mean
+    over the second before the kill, having grown past that since; 0.0 if it never grew past it,
+    None if it never came back."""
+    before = [rate * (t - t0) - n for t, n in samples if kill_at - 1.0 <= t <= kill_at]
+    if not before:
+        return None
+    level = max(0.0, sum(before) / len(before)) + 0.1 * rate
+    grew = False
+    for t, n in samples:
+        if t <= kill_at:
+            continue
+        over = rate * (t - t0) - n > level
+        if over:
+            grew = True
+        elif grew:
+            return t - kill_at
+    return None if grew else 0.0
+
+
 def _params(d: str, records: int, keys: int, skew: float, seed: int) -> dict:
     return {"records": str(records), "keys": str(keys), "skew": str(skew), "seed": str(seed)}
 
@@ -82,6 +115,12 @@ def _run(
     from nosync.driver.runner import run as run_pipeline
 
     path, params, expect = workload or (KEYED_COUNT, _params(d, records, keys, skew, seed), records)
+    paced = extra.pop("paced", None)
+    if paced is not None:
+        # open loop at a fixed rate, unbounded, stopped after its duration: all it read is committed
+        params = {**params, "records": "none", "rate": paced["rate"], "value_bytes": paced["value_bytes"]}
+        extra["duration"] = paced["duration"]
+        expect = None
     result = run_pipeline(
         path,
         mode=mode,
@@ -93,8 +132,9 @@ def _run(
         **extra,
     )
     s = result.summary
-    if s["records_committed"] != expect:
-        raise AssertionError(f"mode {mode}: {s['records_committed']} of {expect} records committed")
+    if s["records_committed"] != (s["records_read"] if expect is None else expect):
+        want = s["records_read"] if expect is None else expect
+        raise AssertionError(f"mode {mode}: {s['records_committed']} of {want} records committed")
     return s
 
 
@@ -184,6 +224,7 @@ def recovery(
     after_event: bool = True,
     workload: tuple[str, dict, int] | None = None,
     failure: str = "process",
+    paced: dict | None = None,
 ) -> dict:
     """A run in which worker W-1 is killed (with `failure` "machine", its local root is lost
     too: `experiments.failures`; with "hang", it is stopped with SIGSTOP and never resumed, and
@@ -196,7 +237,13 @@ def recovery(
     the interval. The figures are those of the recovery the kill caused (`caused_by`); the
     run's other recoveries are counted (`other_recoveries`), not measured. A run whose input
     ends before the kill (or whose kill caused no recovery) raises, or with `missed_ok`
-    returns `kill_missed`. No kill comes once the run is over."""
+    returns `kill_missed`. No kill comes once the run is over.
+
+    With `paced` ({rate, value_bytes, duration, kill_at_read}), keyed_count reads at `rate`
+    records/s per partition, unbounded, for `duration` seconds, and the kill comes once
+    `kill_at_read` records were read; the result adds `drained_s`, from the kill to the backlog
+    (records due minus records read) back within a tenth of a second of input of its level in the
+    interval before the kill, and the run directory's bytes at the kill."""
 
     victim = workers - 1
     events = Progress(os.path.join(d, "events.jsonl"))
@@ -223,15 +270,21 @@ def recovery(
             except ProcessLookupError:
                 return  # the run had ended: it reports no recovery
             killed["pid"] = pid
+            if paced:
+                killed["dir_bytes"] = dir_bytes(d)
             if failure == "machine":
                 lose_machines(d, [victim])
             killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))
         progress(f"mode {mode}: killed worker {victim} at {state['read']:,} records read")
 
+    samples: list[tuple[float, int]] = []
+    kill_at_read = paced["kill_at_read"] if paced else records * kill_after
+
     def watch(p: dict) -> None:
         with lock:
             state.update(read=p["read"], t=p.get("t", 0.0), wall=time.time())
-            if killed or "armed" in state or p["read"] < records * kill_after:
+            samples.append((state["wall"], p["read"]))
+            if killed or "armed" in state or p["read"] < kill_at_read:
                 return
             events.poll()
             if after_event and not events.restorable(mode, [victim]):
@@ -263,6 +316,7 @@ def recovery(
                 tier,
                 workload,
                 progress=watch,
+                paced=paced,
                 **(options or {}),
             )
         finally:
@@ -284,7 +338,18 @@ def recovery(
             what = "the run ended before the kill" if not killed else "the kill caused no recovery of the worker"
             raise AssertionError(f"mode {mode}: {what} ({others} other recoveries)")
         back = r.get("back_to_90_s")
+        steady_regime = {}
+        if paced:
+            rate = paced["rate"] * workers
+            steady_regime = {
+                "drained_s": drained_after(samples, s["source_t0"], rate, killed["at"]),
+                "run_dir_bytes_at_kill": killed.get("dir_bytes"),
+                "records_read": s["records_read"],
+                "latency_p50_ms": s.get("latency_p50_ms"),
+                "latency_p999_ms": s.get("latency_p999_ms"),
+            }
         return {
+            **steady_regime,
             # from the failure itself: for a hang, the silence before the loss counts too
             "failure_to_90_s": None if back is None else r["lost_at"] - killed["at"] + back,
             "suspected_after_s": r["lost_at"] - killed["at"],

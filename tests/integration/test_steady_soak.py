@@ -1,0 +1,128 @@
+"""The long run at a fixed rate (soak): memory and disk stay bounded, however long a run lasts.
+
+`nosync run` of keyed_count reads a paced generator (open loop, unbounded, each key's state
+keeping a 100-byte value), under abs and nosync, for NOSYNC_SOAK_S seconds (30 minutes by
+default), and is stopped by `--duration`. After a warm-up (NOSYNC_SOAK_WARMUP_S, 5 minutes: the
+state is whole and the store's retention window of snapshots is full), every process of the run
+(the driver, its JVM, Spark's Python daemon and the workers) is sampled every few seconds:
+
+- each one's resident memory at the end is within +10% of its value at the end of the warm-up
+  (a process under 20 MB is not held to it);
+- the run directory's size at the end is within +10% of its size at the end of the warm-up:
+  the store's retention bounds it, not the run's length.
+
+The run must also stop cleanly with everything it read committed. Run it with
+`make soak` or `pytest -m soak tests/integration/test_steady_soak.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from support.paths import NOSYNC, ROOT, WORKLOADS
+
+from experiments.measure import dir_bytes
+
+SOAK_S = float(os.environ.get("NOSYNC_SOAK_S", "1800"))
+WARMUP_S = float(os.environ.get("NOSYNC_SOAK_WARMUP_S", "300"))
+KEYS, RATE = 200_000, 20_000
+"""Every key has its state after 5 s of input (2 partitions, keys cycling)."""
+GROWTH = 1.10
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def rss_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+    except OSError:
+        return "?"
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("mode", ["abs", "nosync"])
+def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
+    run_dir = tmp_path / "run"
+    cmd = [
+        *NOSYNC,
+        "run",
+        os.path.join(WORKLOADS, "keyed_count.py"),
+        "--mode",
+        mode,
+        "--workers",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--duration",
+        str(SOAK_S),
+        *["-p", "records=none", "-p", f"keys={KEYS}", "-p", f"rate={RATE}", "-p", "value_bytes=100"],
+        *["-p", "output=none"],
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    warm: dict[int, int] | None = None
+    warm_dir = last_dir = 0
+    names: dict[int, str] = {}
+    peak: dict[int, int] = {}
+    last: dict[int, int] = {}
+    try:
+        started = None
+        while proc.poll() is None:
+            time.sleep(5)
+            if started is None:
+                if (run_dir / "workers.json").exists():
+                    started = time.monotonic()
+                continue
+            now = {p: r for p in descendants(proc.pid) if (r := rss_kb(p)) is not None}
+            for p, r in now.items():
+                peak[p] = max(peak.get(p, 0), r)
+            if warm is None and time.monotonic() - started >= WARMUP_S:
+                warm, warm_dir = dict(now), dir_bytes(str(run_dir))
+                names = {p: command(p) for p in warm}
+            elif warm is not None and time.monotonic() - started < SOAK_S - 10:
+                last, last_dir = dict(now), dir_bytes(str(run_dir))
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] is not None and summary["records_committed"] == summary["records_read"]
+    assert warm and last, "the run ended before its warm-up did"
+    grown = {
+        p: (warm[p], last[p], names[p]) for p in warm if p in last and last[p] > GROWTH * warm[p] and last[p] > 20_000
+    }
+    assert not grown, f"resident memory (kB) grew past +10% after the warm-up: {grown}"
+    assert last_dir <= GROWTH * warm_dir, f"the run directory grew from {warm_dir:,} to {last_dir:,} bytes"
