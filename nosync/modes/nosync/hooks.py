@@ -106,7 +106,8 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self.threshold = o.replay_threshold_records
         self.interval_s = self.persist_s
         """The snapshot interval now: `persist_s` stretched by the budget."""
-        self.intervals: list[float] = []
+        self.intervals = [0, 0.0, 0.0]
+        """The snapshot intervals set so far: count, sum, greatest (bounded, for any run length)."""
         self.span_s_max = 0.0
         self.span_records_max = 0
         self.persist_s_total = 0.0
@@ -558,8 +559,8 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             "output_log_peak_bytes": self.outlog.peak if self.outlog is not None else 0,
             "persist_stall_s": stall,
             "persist_s": self.persist_s_total,
-            "interval_s_mean": sum(self.intervals) / len(self.intervals) if self.intervals else self.interval_s,
-            "interval_s_max": max(self.intervals, default=self.interval_s),
+            "interval_s_mean": self.intervals[1] / self.intervals[0] if self.intervals[0] else self.interval_s,
+            "interval_s_max": self.intervals[2] if self.intervals[0] else self.interval_s,
             "span_s_max": self.span_s_max,
             "span_records_max": self.span_records_max,
             "merges": st.merges if st else 0,

@@ -321,7 +321,8 @@ class Snapshots:
         self.interval_s = max(self.persist_s, max(0.0, cost - (own - self._paced_base)) / self.budget)
         self._paced_base = own
         self.snapshot_cpu_s += p.cost
-        self.intervals.append(self.interval_s)
+        n, total, most = self.intervals
+        self.intervals = [n + 1, total + self.interval_s, max(most, self.interval_s)]
         # a loss just before this one was durable would have re-executed from the one before
         prev = getattr(self, "_prev_durable", None)
         if prev is not None:
