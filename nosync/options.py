@@ -39,7 +39,11 @@ class RunOptions:
     mode: str = _opt("none", "The fault-tolerance mode.")
     workers: int = _opt(2, "Worker tasks, each running one instance of every operator.", min=1, short="-w")
     master: str | None = _opt(None, "Spark master URL (default: embedded local[W,F]; 2W slots in mode replay).")
-    run_dir: str | None = _opt(None, "The driver's run directory: events, summary, metrics (default: runs/NAME-TIME).")
+    run_dir: str | None = _opt(
+        None,
+        "The driver's run directory: events, summary, metrics (default: runs/<pipeline name>-<YYYYmmdd-HHMMSS>-<4 hex "
+        "digits of the run's id> under the current directory).",
+    )
     remote: str | None = _opt(
         None,
         "The shared tier, any pyarrow.fs URI (s3://bucket/prefix?endpoint_override=..., hdfs://, file://) or a path "

@@ -14,6 +14,7 @@ to the dead-letter file with its source and position, or fails the run.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 import os
@@ -66,6 +67,16 @@ def _check_options(kind: str, options: dict, known: set[str]) -> None:
             kind,
             declared_at(),
         )
+
+
+def _encoding(kind: str, options: dict) -> str:
+    """The `encoding` option, checked here so that a misspelt one fails where the pipeline
+    declares the source, not in a worker; its canonical name ("UTF8" is "utf-8")."""
+    name = options.get("encoding", "utf-8")
+    try:
+        return codecs.lookup(name).name
+    except (LookupError, TypeError):
+        raise PipelineError(f"unknown encoding {name!r}", kind, declared_at()) from None
 
 
 class Generator(Source):
@@ -238,6 +249,12 @@ class Files(Source):
 
     format: "text" (lines), "jsonl" (one JSON value per line), "csv" (rows as dicts, header
     line first, parsed by pyarrow.csv), "parquet" (rows as dicts, via pyarrow).
+
+    encoding: of text, JSONL and CSV files (Parquet is read as stored). A text or JSONL line it
+    cannot decode is a malformed record. A CSV file in another encoding than UTF-8 is transcoded
+    to UTF-8 as a stream before it is parsed, block by block as UTF-8 CSV is, so offsets and
+    bad-row lines are the same; but a byte it cannot decode fails the read of the file (the
+    transcoder has no row to blame), not a dead letter.
     """
 
     FORMATS = ("text", "jsonl", "csv", "parquet")
@@ -254,7 +271,7 @@ class Files(Source):
                 declared_at(),
             )
         self.format = fmt
-        self.encoding = options.get("encoding", "utf-8")
+        self.encoding = _encoding("Files", options)
 
     def _files(self) -> list[str]:
         files = sorted(glob.glob(self.path)) if any(c in self.path for c in "*?[") else [self.path]
@@ -287,7 +304,10 @@ class Files(Source):
         if self.format == "parquet":
             yield from self._read_parquet(part, offset, chunk)
         elif self.format == "csv":
-            yield from self._read_csv(part, offset, chunk, on_bad)
+            try:
+                yield from self._read_csv(part, offset, chunk, on_bad)
+            except UnicodeDecodeError as e:  # from pyarrow's transcoder, which has no row to blame
+                raise PipelineError(f"{part['file']} is not {self.encoding} text: {e}", "Files") from None
         else:
             yield from self._read_lines(part, offset, chunk, on_bad)
 
@@ -348,7 +368,7 @@ class Files(Source):
         reader = pacsv.open_csv(
             path,
             parse_options=pacsv.ParseOptions(invalid_row_handler=invalid),
-            read_options=pacsv.ReadOptions(block_size=1 << 20, use_threads=False),
+            read_options=pacsv.ReadOptions(block_size=1 << 20, use_threads=False, encoding=self.encoding),
         )
 
         def report() -> None:
@@ -396,7 +416,7 @@ class TcpLines(Source):
         if not isinstance(port, int) or not 0 < port < 65536:
             raise PipelineError(f"port must be 1..65535, got {port!r}", "TcpLines", declared_at())
         self.host, self.port = host, port
-        self.encoding = options.get("encoding", "utf-8")
+        self.encoding = _encoding("TcpLines", options)
 
     def partitions(self, workers: int | None = None) -> list[dict]:
         """The one partition: the server's address (whatever `workers`)."""

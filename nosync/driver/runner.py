@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import socket
 import threading
 import time
 import uuid
@@ -125,6 +126,8 @@ def run(
             "master": spark.sparkContext.master if spark is not None else opts.master,
             "embedded": embedded,
             "places": places.to_wire(),
+            # `nosync stop --wait` ends its wait when this process is gone without a summary
+            "driver": {"host": socket.gethostname(), "pid": os.getpid()},
         },
     )
 

@@ -4,10 +4,12 @@ and the figures of every experiment drawn from hand-made rows."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from experiments import harness, overhead, report
+from cli.experiment import NAMES
+from experiments import catalog, harness, overhead, report
 from experiments.catalog import EXPERIMENTS
 from experiments.common import agg
 from nosync.errors import NosyncError
@@ -122,3 +124,12 @@ def test_report_draws_every_experiment(tmp_path):
         assert f"## {exp.title} (`{name}`)" in text and f"![{name}]({name}.png)" in text
     # a recovery that never got back to 90%, or a kill the run ended before, is said so
     assert "had not got back to 90%" in text and "the input ended before the kill" in text
+
+
+def test_catalog_and_cli_agree_on_the_experiments_and_their_count():
+    # `all` runs NAMES and `--help` counts them; the catalog is what they name
+    assert NAMES == tuple(EXPERIMENTS)
+    # the docstring's count, in words ("one" left out: it is seldom a count there)
+    words = "two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+    counts = [words.index(w) + 2 for w in re.findall(rf"\b({'|'.join(words)})\b", catalog.__doc__)]
+    assert counts and all(n == len(EXPERIMENTS) for n in counts), counts

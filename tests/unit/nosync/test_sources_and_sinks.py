@@ -221,6 +221,49 @@ def test_csv_every_row_and_resume(tmp_path):
     assert records_of(read_all(src, part, [12345, 0])) == expected[12345:]
 
 
+def test_csv_in_latin_1_is_decoded_in_blocks_and_resumes(tmp_path):
+    n = 60_000  # over the reader's 1 MiB block: several chunks
+    names = ["café", "Zürich", "Ærø", "señor", "naïve"]
+    path = tmp_path / "latin.csv"
+    with open(path, "w", encoding="latin-1", newline="") as f:
+        f.write("id,name\n")
+        for i in range(n):
+            f.write(f"{i},{names[i % 5]}-{'é' * (i % 7)}\n")
+            if i == 41_000:
+                f.write("née,1,2\n")  # a bad row: line 41_003 (the header is line 1)
+    raw = path.read_bytes()
+    assert b"caf\xe9" in raw and "café".encode() not in raw  # latin-1 on disk, not UTF-8
+    src = ns.sources.Files(str(path), encoding="latin-1")
+    part = src.partitions()[0]
+    bad: list[BadRecord] = []
+    chunks = read_all(src, part, on_bad=bad.append)
+    expected = [{"id": i, "name": f"{names[i % 5]}-{'é' * (i % 7)}"} for i in range(n)]
+    assert records_of(chunks) == expected
+    assert len(chunks) > 1
+    assert [(b.position["row"], b.position["raw"]) for b in bad] == [(41_003, "née,1,2")]
+    offset = chunks[0][1]
+    assert offset[1] == 41_003  # the first block holds the bad row
+    assert records_of(read_all(src, part, offset, on_bad=bad.append)) == expected[offset[0] :]
+    assert len(bad) == 1
+    assert records_of(read_all(src, part, [30_000, 0], on_bad=bad.append)) == expected[30_000:]
+    assert len(bad) == 2  # resumed before the bad row: reported again
+
+
+def test_csv_byte_the_encoding_cannot_decode_fails_the_file_naming_it(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"a,b\nok,1\nn\xe9e,2\n")
+    src = ns.sources.Files(str(path), encoding="ascii")
+    with pytest.raises(PipelineError, match=r"in\.csv is not ascii text"):
+        read_all(src, src.partitions()[0], on_bad=lambda b: None)
+
+
+def test_an_unknown_encoding_is_refused_where_the_source_is_declared(tmp_path):
+    with pytest.raises(PipelineError, match="unknown encoding 'latin-9000'"):
+        ns.sources.Files(str(tmp_path / "in.csv"), encoding="latin-9000")
+    with pytest.raises(PipelineError, match="unknown encoding"):
+        ns.sources.TcpLines("localhost", 9, encoding="nope")
+
+
 # -- Files: Parquet --------------------------------------------------------------------------
 
 
