@@ -13,7 +13,7 @@ demo: $(STAMP) java
 	$(PY) -m cli.main demo --out $(DEMO)
 
 test: $(STAMP) java
-	@$(PY) -m pytest -q tests; rc=$$?; \
+	@$(PY) -m pytest -q --durations=20 tests; rc=$$?; \
 	  if [ $$rc = 5 ]; then echo 'error: the suite collected no tests' >&2; exit 1; fi; exit $$rc
 
 soak: $(STAMP) java
