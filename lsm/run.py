@@ -72,6 +72,8 @@ ALL_HASHES = (0, (1 << 64) - 1)
 MISSING = object()
 _U64 = np.dtype("<u8")
 _U32 = np.dtype("<u4")
+APPLY_SLICE = 100_000
+"""Pairs a run puts into a dict per `dict.update` (`Run.apply`)."""
 
 
 def _bounds(sorted_hashes: np.ndarray) -> tuple[int, int]:
@@ -461,7 +463,12 @@ class RunView:
             if self.npairs:
                 d.update(self.pairs())
             keys = self.keys
-            d.update(zip(keys, self.values, strict=True))
+            values = self.values
+            if len(keys) != len(values):
+                raise ValueError(f"a run of {len(keys)} keys has {len(values)} values")
+            # in slices: one update of millions of pairs holds the GIL for over a second
+            for i in range(0, len(keys), APPLY_SLICE):
+                d.update(zip(keys[i : i + APPLY_SLICE], values[i : i + APPLY_SLICE], strict=True))
             if self.ndel and not keep_deletions:
                 pop = d.pop
                 for i in self.dels.tolist():

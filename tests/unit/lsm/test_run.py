@@ -1082,3 +1082,27 @@ def test_a_remote_tier_of_format_version_1_is_refused(tmp_path) -> None:  # noqa
     with pytest.raises(FormatVersionError) as ei:
         Store(str(path))
     assert "base-" in ei.value.path and "format version b'1'" in str(ei.value)
+
+
+def test_a_column_past_the_streaming_size_decodes_to_what_was_packed():
+    # over STREAM_BYTES, a column is decoded item by item (other threads run in between):
+    # the values must come back the same, tuple columns and value columns alike
+    from lsm.codec import STREAM_BYTES, pack_column, unpack_column
+
+    tuples = [(i, "v" * 40) for i in range(STREAM_BYTES // 40)]
+    mixed = [[i, {"k": i}] if i % 3 else ("t", [i]) for i in range(STREAM_BYTES // 12)]
+    for values in (tuples, mixed):
+        data, _, is_tuples = pack_column(values)
+        assert len(data) > STREAM_BYTES
+        assert unpack_column(data, is_tuples) == values
+
+
+def test_a_run_of_more_pairs_than_one_slice_applies_every_pair():
+    from lsm.run import APPLY_SLICE
+
+    n = APPLY_SLICE * 2 + 17
+    r = view(merge([view(pending(3, [(f"k{i}", i) for i in range(n)]))], -1, base=True))
+    d = {"other": -1, "k5": "old"}
+    r.apply(d)
+    assert len(d) == n + 1 and d["other"] == -1
+    assert all(d[f"k{i}"] == i for i in range(n))
