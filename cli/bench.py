@@ -334,6 +334,12 @@ def bench_hosts(cluster_name, modes, workers, records, keys, reps, interval_ms, 
     default=None,
     help="With --rate: seconds of input when the kill comes (default: once every key has its state).",
 )
+@click.option(
+    "--failure-timeout-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Passed to every run (default: nosync run's own).",
+)
 @interval_option
 @click.option(
     "--reps",
@@ -366,6 +372,7 @@ def bench_recovery(
     value_bytes,
     duration,
     kill_at_s,
+    failure_timeout_ms,
     interval_ms,
     reps,
     failure,
@@ -403,6 +410,7 @@ def bench_recovery(
             value_bytes=value_bytes,
             duration=duration,
             kill_at_s=kill_at_s,
+            options={} if failure_timeout_ms is None else {"failure_timeout_ms": failure_timeout_ms},
         ),
         recovery.render,
         as_json,

@@ -48,6 +48,7 @@ def run(
     value_bytes: int = 0,
     duration: float = 120.0,
     kill_at_s: float | None = None,
+    options: dict | None = None,
 ) -> dict:
     from experiments.bench.sustain import MIN_WINDOW_INTERVALS
     from experiments.failures import refusal
@@ -91,6 +92,7 @@ def run(
         "duration_s": duration if rate is not None else None,
         "kill_at_read": paced["kill_at_read"] if paced else None,
         "reps": reps,
+        "options": options or {},
         "failure": failure,
         "modes": {},
     }
@@ -128,6 +130,7 @@ def run(
                         failure=failure,
                         progress=progress,
                         paced=paced,
+                        options=options,
                     )
                 )
                 if paced is None:
