@@ -383,6 +383,10 @@ def recovery(
             "processing_s": s.get("processing_s"),
             "latency_p99_ms": s.get("latency_p99_ms"),
             "stall_ms_max": 0.0 if mode == "replay" else s.get("stall_ms_max"),
+            # nosync: the snapshot interval the budget set, and the longest span a loss would replay
+            "interval_ms_mean": s.get("interval_ms_mean"),
+            "interval_ms_max": s.get("interval_ms_max"),
+            "recovery_span_records_max": s.get("recovery_span_records_max"),
         }
     finally:
         if failure == "hang" and "pid" in killed:
