@@ -37,6 +37,12 @@ if TYPE_CHECKING:
     from lsm.store import Store
 
 
+COMPACT_AFTER_BYTES = 256 << 20
+"""Bytes of removed runs after which background merges have LevelDB rewrite its files (once the
+removed bytes also reach the runs still live): LevelDB frees a deleted value's space only when
+its own compactions reach the value's file, which under a steady stream of large runs can be
+never, so that the tier grows without bound however well the runs are merged."""
+
 MANY_RUNS = 64
 """Runs smaller together than `merge_min_bytes` (a worker's metadata, its lineage points) merge
 in the background only once they are this many: a merge costs a few milliseconds whatever it
@@ -58,6 +64,8 @@ class Compactor:
         """CPU seconds a merge took per entry it merged (measured; a guess until then)."""
         self._stopping = False
         self.last_report: dict = {}
+        self.removed_bytes = 0
+        """Bytes of runs removed since LevelDB last rewrote its files."""
 
     # -- when -------------------------------------------------------------------
 
@@ -174,8 +182,10 @@ class Compactor:
                 if entries >= 10_000:
                     self._entry_cpu_s = 0.5 * self._entry_cpu_s + 0.5 * (time.thread_time() - t1) / entries
             self._last_end = time.monotonic()
-            if full:
+            if full or self._space_to_free():
                 s._disk.compact_files()
+                self.removed_bytes = 0
+                s.stats.files_rewritten += 1
             if s.options.uploads:
                 self._base_image(h, full, report)
             with s._tier_lock:
@@ -191,6 +201,15 @@ class Compactor:
             report["seconds"] = time.perf_counter() - start
             self.last_report = report
             return report
+
+    def _space_to_free(self) -> bool:
+        """Whether the runs removed since LevelDB last rewrote its files are COMPACT_AFTER_BYTES
+        or more, and as many bytes as the runs still live (the rewrite costs about those)."""
+        if self.removed_bytes < COMPACT_AFTER_BYTES:
+            return False
+        with self.s._cond:
+            live = sum(r.nbytes for refs in self.s._catalog.values() for r in refs)
+        return self.removed_bytes >= live
 
     def _merge(self, sb: bytes, refs: list, horizon: int, base: bool, report: dict, dropped: list = ()) -> None:
         """Replaces `refs` by their merge and deletes `dropped` (older runs nothing reads any
@@ -213,6 +232,7 @@ class Compactor:
                 s._publish_locked()
                 s.stats.merges += 1
                 s.stats.merged_bytes += len(data)
+                self.removed_bytes += sum(r.nbytes for r in removed)
                 s.stats.versions_dropped += sum(r.n + r.npairs + r.nhist for r in removed) - sum(
                     r.n + r.nhist for r in new
                 )

@@ -129,6 +129,8 @@ class StoreStats:
     """The part of persist_cpu_s that went to the remote tier (uploads, base images)."""
     merges: int = 0
     merged_bytes: int = 0
+    files_rewritten: int = 0
+    """Times background merges had LevelDB rewrite its files to free removed runs' space."""
     merge_cpu_s: float = 0.0
     versions_dropped: int = 0
     persist_errors: int = 0

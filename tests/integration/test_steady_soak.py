@@ -8,7 +8,8 @@ state is whole and the store's retention window of snapshots is full), every pro
 
 - each one's resident memory at the end is within +10% of its value at the end of the warm-up
   (a process under 20 MB is not held to it);
-- the run directory's size at the end is within +10% of its size at the end of the warm-up:
+- the run directory's greatest size in the second half of the measured window is within +10%
+  of its greatest in the first half (the size saws as LevelDB frees removed runs in steps):
   the store's retention bounds it, not the run's length.
 
 The run must also stop cleanly with everything it read committed. Run it with
@@ -92,7 +93,7 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     warm: dict[int, int] | None = None
-    warm_dir = last_dir = 0
+    sizes: list[int] = []
     names: dict[int, str] = {}
     peak: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -105,13 +106,16 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
                     started = time.monotonic()
                 continue
             now = {p: r for p in descendants(proc.pid) if (r := rss_kb(p)) is not None}
+            if proc.poll() is not None or not now:
+                break  # ended meanwhile: its processes are going
             for p, r in now.items():
                 peak[p] = max(peak.get(p, 0), r)
             if warm is None and time.monotonic() - started >= WARMUP_S:
-                warm, warm_dir = dict(now), dir_bytes(str(run_dir))
+                warm = dict(now)
                 names = {p: command(p) for p in warm}
-            elif warm is not None and time.monotonic() - started < SOAK_S - 10:
-                last, last_dir = dict(now), dir_bytes(str(run_dir))
+            if warm is not None and time.monotonic() - started < SOAK_S - 10:
+                last = dict(now)
+                sizes.append(dir_bytes(str(run_dir)))
         out, err = proc.communicate()
     finally:
         if proc.poll() is None:
@@ -125,4 +129,8 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
         p: (warm[p], last[p], names[p]) for p in warm if p in last and last[p] > GROWTH * warm[p] and last[p] > 20_000
     }
     assert not grown, f"resident memory (kB) grew past +10% after the warm-up: {grown}"
-    assert last_dir <= GROWTH * warm_dir, f"the run directory grew from {warm_dir:,} to {last_dir:,} bytes"
+    # the store frees what merges removed in steps (LevelDB rewrites its files), so the size
+    # saws: the greatest size of the measured window's second half is held to that of its first
+    half = len(sizes) // 2
+    first, second = max(sizes[: half + 1]), max(sizes[half:])
+    assert second <= GROWTH * first, f"the run directory grew: at most {first:,} bytes, then {second:,}"

@@ -1666,3 +1666,32 @@ def test_the_stand_in_mark_outlives_an_upload_while_its_empty_record_is_in_the_l
     s = restored_from_remote(open_store, s)
     assert s.last_seq == 3
     assert s.load("s") == {"x": 1, "a": 2, "y": 3}
+
+
+def tier_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, "disk", f)) for f in os.listdir(os.path.join(path, "disk")))
+
+
+@pytest.mark.parametrize("after", [1 << 20, 1 << 40])
+def test_background_merges_free_the_space_of_the_runs_they_remove(open_store: OpenStore, monkeypatch, after) -> None:
+    """A steady stream of runs of the same keys, merged in the background: the disk tier stays
+    near the runs still live once LevelDB rewrites its files (`after` 1 MiB), and grows with
+    everything ever written when it is never asked to (`after` 1 TiB: the limit shows the test
+    can tell the two apart)."""
+    import lsm.compaction
+
+    monkeypatch.setattr(lsm.compaction, "COMPACT_AFTER_BYTES", after)
+    s = open_store(merge_fanout=2, budget=0, retention=0)
+    big = "v" * 2000
+    for seq in range(1, 201):
+        s.append(seq, {"s": {f"k{i}": big + str(seq) for i in range(200)}})
+        s.flush()
+        s._persister.compactor.run(full=False)
+    written = 200 * 200 * 2000
+    live = sum(r.nbytes for refs in s._catalog.values() for r in refs)
+    assert s.load("s")["k0"] == big + "200"
+    if after < written:
+        assert s.stats.files_rewritten >= 1
+        assert tier_bytes(s.path) < 0.25 * written and live < 0.05 * written
+    else:
+        assert s.stats.files_rewritten == 0 and tier_bytes(s.path) > 0.25 * written
