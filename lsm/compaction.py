@@ -14,7 +14,10 @@ runs are merged, in the background and as resources permit, into fewer, bigger o
   first, so a read below it is refused before any version goes);
 - with uploads, a base image of every state at h goes to the remote tier, and the remote log
   segments it makes redundant are deleted; local log segments that are indexed (and uploaded)
-  are deleted.
+  are deleted;
+- space: once the runs merges removed reach COMPACT_AFTER_BYTES and the size of the runs
+  still live, LevelDB is asked to rewrite its files (outside the GIL), which frees them: it
+  would otherwise keep a removed run's bytes until its own compactions reached them.
 
 Merges run on a thread of their own, beside the persister: LevelDB takes concurrent writers,
 and a merge replaces its runs in one write batch. After a merge that took c seconds of CPU the
