@@ -46,11 +46,6 @@ removed bytes also reach the runs still live): LevelDB frees a deleted value's s
 its own compactions reach the value's file, which under a steady stream of large runs can be
 never, so that the tier grows without bound however well the runs are merged."""
 
-MAX_QUIET_S = 10.0
-"""The longest a called-for merge waits after the last one for the budget: a merge's cost grows
-with the runs that wait for it, so a backlog that outgrew the budget would wait for ever (513
-runs of a keyed state, 1.8 GB, in 7 minutes of a steady stream)."""
-
 MANY_RUNS = 64
 """Runs smaller together than `merge_min_bytes` (a worker's metadata, its lineage points) merge
 in the background only once they are this many: a merge costs a few milliseconds whatever it
@@ -121,13 +116,13 @@ class Compactor:
     def _affordable(self, plans: list) -> list:
         """The merges the budget allows now: one whose cost, estimated from the entries it
         merges and what an entry cost the merges before, needs that cost / budget seconds since
-        the last merge ended, and never more than MAX_QUIET_S. The wait is before a merge, not only
-        after it, so that a big merge never takes a core for seconds out of a short span of work."""
+        the last merge ended. The wait is before a merge, not only after it, so that a big merge
+        never takes a core for seconds out of a short span of work."""
         budget = self.s.options.budget
         if budget >= 1:
             return plans
         quiet = time.monotonic() - self._last_end
-        return [p for p in plans if min(self._estimate(p[1]) / budget, MAX_QUIET_S) <= quiet]
+        return [p for p in plans if self._estimate(p[1]) / budget <= quiet]
 
     def _estimate(self, refs: list) -> float:
         return sum(r.n + r.npairs + r.nhist for r in refs) * self._entry_cpu_s
@@ -151,7 +146,7 @@ class Compactor:
             cpu = time.thread_time() - t0
             budget = s.options.budget
             if budget < 1:
-                self._rest_until = time.monotonic() + min(cpu * (1 / budget - 1), MAX_QUIET_S)
+                self._rest_until = time.monotonic() + cpu * (1 / budget - 1)
         except Exception as e:  # noqa: BLE001 - reported as the store's error, retried later
             with s._cond:
                 s._error = e if isinstance(e, PersistError) else PersistError("disk", s.path, e)
