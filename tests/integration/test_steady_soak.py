@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 
 import pytest
-from support.paths import NOSYNC, ROOT, WORKLOADS
+from support.runs import start_run
 
 from experiments.measure import dir_bytes
 
@@ -76,22 +75,15 @@ def command(pid: int) -> str:
 @pytest.mark.parametrize("mode", ["abs", "nosync"])
 def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
     run_dir = tmp_path / "run"
-    cmd = [
-        *NOSYNC,
-        "run",
-        os.path.join(WORKLOADS, "keyed_count.py"),
-        "--mode",
-        mode,
-        "--workers",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        "--duration",
-        str(SOAK_S),
-        *["-p", "records=none", "-p", f"keys={KEYS}", "-p", f"rate={RATE}", "-p", "value_bytes=100"],
-        *["-p", "output=none"],
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # unbounded (records=none), stopped by --duration; output=none: the engine's own disk alone
+    proc = start_run(
+        run_dir,
+        *["--duration", str(SOAK_S), "-p", f"rate={RATE}", "-p", "value_bytes=100"],
+        records="none",
+        keys=KEYS,
+        out="none",
+        mode=mode,
+    )
     warm: dict[int, int] | None = None
     sizes: list[int] = []
     names: dict[int, str] = {}

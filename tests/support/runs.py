@@ -62,7 +62,7 @@ def committed_pairs(directory: str) -> collections.Counter:
 
 
 def start_run(
-    run_dir, *extra: str, records: int, keys: int, out, mode: str = "abs", env: dict | None = None
+    run_dir, *extra: str, records: int | str, keys: int, out, mode: str = "abs", env: dict | None = None
 ) -> subprocess.Popen:
     """`nosync run` of keyed_count at W = 2 in a subprocess, with `extra` options."""
     cmd = [
