@@ -20,9 +20,12 @@ runs are merged, in the background and as resources permit, into fewer, bigger o
   would otherwise keep a removed run's bytes until its own compactions reached them.
 
 Merges run on a thread of their own, beside the persister: LevelDB takes concurrent writers,
-and a merge replaces its runs in one write batch. After a merge that took c seconds of CPU the
-thread rests c * (1/budget - 1) seconds, so merges take at most `budget` of a core. Rollback
-takes `lock` to keep merges out while it rewrites history.
+and a merge replaces its runs in one write batch. They take at most `budget` of a core by a
+credit of CPU seconds: it grows by `budget` each second, up to the estimated cost of the
+merges called for; a merge starts only when the credit holds its estimated cost, and
+spends what it took. A big merge therefore waits its cost / budget seconds, and the small merges
+that run meanwhile delay it only by what they spend: they cannot starve it. Rollback takes `lock`
+to keep merges out while it rewrites history.
 """
 
 from __future__ import annotations
@@ -52,6 +55,45 @@ in the background only once they are this many: a merge costs a few milliseconds
 merges, and their reads are rare."""
 
 
+def _tiers(refs: list, fanout: int, least: int, whole: bool = False) -> list[list]:
+    """The merges `refs` call for, each a list of consecutive runs, oldest first. From the
+    newest, the runs fall into tiers: consecutive runs each at most `fanout` times another,
+    none with a run older than one that holds every live key. A tier worth a merge (`_enough`)
+    gives its oldest runs until `fanout` of them hold `least` bytes: a merge's cost stays
+    bounded however many runs wait, and the runs it leaves are the newest of their tier, so
+    none is stranded under the merged run. With `whole`, a tier is merged whole."""
+    tiers: list[list] = []
+    group: list = []
+    smallest = largest = 0
+    for r in reversed(refs):
+        size = max(1, r.nbytes)
+        if group and (group[-1].full or size > fanout * smallest or largest > fanout * size):
+            tiers.append(group)
+            group = []
+        group.append(r)
+        smallest = min(smallest, size) if group[1:] else size
+        largest = max(largest, size) if group[1:] else size
+    tiers.append(group)
+    out = []
+    for group in tiers:
+        group.reverse()
+        nbytes = 0
+        for i, r in enumerate(group):
+            nbytes += r.nbytes
+            if not whole and i + 1 >= fanout and nbytes >= least:
+                group = group[: i + 1]
+                break
+        if _enough(group, fanout, least):
+            out.append(group)
+    return out
+
+
+def _enough(group: list, fanout: int, least: int) -> bool:
+    """Whether `group` is worth a merge: `fanout` runs or more holding `least` bytes, or
+    MANY_RUNS."""
+    return len(group) >= fanout and (sum(r.nbytes for r in group) >= least or len(group) >= MANY_RUNS)
+
+
 class Compactor:
     """The merges of one store: when its states' runs call for one, it runs them on a thread of its
     own, resting so that they take at most `budget` of a core."""
@@ -61,8 +103,9 @@ class Compactor:
         self.lock = threading.Lock()
         self.busy = False
         self._thread: threading.Thread | None = None
-        self._rest_until = 0.0
-        self._last_end = time.monotonic()
+        self._credit_s = 0.0
+        """CPU seconds merges may spend now (negative after a merge took more than estimated)."""
+        self._credit_at = time.monotonic()
         self._entry_cpu_s = 2e-6
         """CPU seconds a merge took per entry it merged (measured; a guess until then)."""
         self._stopping = False
@@ -73,8 +116,9 @@ class Compactor:
     # -- when -------------------------------------------------------------------
 
     def _plans(self, horizon: int, full: bool = False) -> list[tuple[bytes, list, bool, bool, list]]:
-        """The merges the catalog calls for (`full`: whatever their size): (state, runs, base,
-        fold, dropped: older runs that go without being merged) each."""
+        """The merges the catalog calls for (`full`: every state's runs at or below the horizon
+        folded, and the others whatever their size): (state, runs, base, fold, dropped: older
+        runs that go without being merged) each."""
         s = self.s
         fanout = max(2, s.options.merge_fanout)
         least = 0 if full else s.options.merge_min_bytes
@@ -83,48 +127,56 @@ class Compactor:
             old = [r for r in refs if r.hi <= horizon]
             # the runs at or below the horizon older than the newest of them that holds every
             # live key (`run.FULL`) are read by nothing any more: they go with the merge
+            # (dropped alone: the runs after it merge by the rules below)
             cut = max((i for i, r in enumerate(old) if r.full), default=0)
             if cut:
-                out.append((sb, old[cut:], True, True, old[:cut]))
+                out.append((sb, old[cut : cut + 1], True, True, old[:cut]))
                 continue
-            if len(old) >= 2 or (old and (old[0].nhist or old[0].ndel)):
+            if full and (len(old) >= 2 or (old and (old[0].nhist or old[0].ndel))):
                 out.append((sb, old, True, True, []))
                 continue
-            rest = list(refs[len(old) :])
-            group: list = []
-            smallest = None
-            for r in reversed(rest):
-                size = max(1, r.nbytes)
-                if smallest is not None and size > fanout * smallest:
-                    break
-                group.append(r)
-                smallest = size if smallest is None else min(smallest, size)
-                if r.full:
-                    break  # nothing older is merged into a run that holds every live key
-            if len(group) >= fanout and (sum(r.nbytes for r in group) >= least or len(group) >= MANY_RUNS):
-                group.reverse()
+            if len(old) == 1 and (old[0].nhist or old[0].ndel):
+                out.append((sb, old, True, True, []))  # the versions and deletions it no longer needs
+                continue
+            # size-tiered below the horizon too: folding every new run into the base would
+            # rewrite the whole state at each merge, a cost that grows with the state
+            for group in _tiers(old, fanout, least, full):
+                out.append((sb, group, group[0] is refs[0], True, []))
+            for group in _tiers(refs[len(old) :], fanout, least, full):
                 out.append((sb, group, group[0] is refs[0], False, []))
         return out
 
     def due(self) -> bool:
         """Whether a merge is called for and may start now. REQUIRES: store._lock held."""
         s = self.s
-        if self.busy or self._stopping or s.options.budget <= 0 or time.monotonic() < self._rest_until:
+        if self.busy or self._stopping or s.options.budget <= 0:
             return False
         return bool(self._affordable(self._plans(s.compaction_horizon())))
 
     def _affordable(self, plans: list) -> list:
-        """The merges the budget allows now: one whose cost, estimated from the entries it
-        merges and what an entry cost the merges before, needs that cost / budget seconds since
-        the last merge ended. The wait is before a merge, not only after it, so that a big merge
-        never takes a core for seconds out of a short span of work."""
+        """The merges the credit allows now, in order, each by its cost estimated from the
+        entries it merges and what an entry cost the merges before. The credit grows by
+        `budget` per second up to what `plans` cost together, so that a big merge waits its cost /
+        budget seconds before it starts, not only after: it never takes a core for seconds out
+        of a short span of work. REQUIRES: store._lock held."""
         budget = self.s.options.budget
         if budget >= 1:
             return plans
-        quiet = time.monotonic() - self._last_end
-        return [p for p in plans if self._estimate(p[1]) / budget <= quiet]
+        now = time.monotonic()
+        costs = [self._estimate(p[1]) for p in plans]
+        self._credit_s = min(self._credit_s + budget * (now - self._credit_at), sum(costs))
+        self._credit_at = now
+        left = self._credit_s
+        out = []
+        for p, cost in zip(plans, costs):
+            if cost <= left:
+                out.append(p)
+                left -= cost
+        return out
 
     def _estimate(self, refs: list) -> float:
+        if len(refs) == 1 and not (refs[0].nhist or refs[0].ndel):
+            return 0.0  # nothing merged: older runs dropped
         return sum(r.n + r.npairs + r.nhist for r in refs) * self._entry_cpu_s
 
     def indexed(self, refs: list[RunRef]) -> None:
@@ -141,12 +193,7 @@ class Compactor:
     def _background(self) -> None:
         s = self.s
         try:
-            t0 = time.thread_time()
             self.run(full=False, paced=True)
-            cpu = time.thread_time() - t0
-            budget = s.options.budget
-            if budget < 1:
-                self._rest_until = time.monotonic() + cpu * (1 / budget - 1)
         except Exception as e:  # noqa: BLE001 - reported as the store's error, retried later
             with s._cond:
                 s._error = e if isinstance(e, PersistError) else PersistError("disk", s.path, e)
@@ -182,9 +229,12 @@ class Compactor:
                 t1 = time.thread_time()
                 self._merge(sb, refs, h if fold else s._disk.horizon, base, report, dropped)
                 entries = sum(r.n + r.npairs + r.nhist for r in refs)
+                cpu = time.thread_time() - t1
                 if entries >= 10_000:
-                    self._entry_cpu_s = 0.5 * self._entry_cpu_s + 0.5 * (time.thread_time() - t1) / entries
-            self._last_end = time.monotonic()
+                    self._entry_cpu_s = 0.5 * self._entry_cpu_s + 0.5 * cpu / entries
+                if paced:
+                    with s._cond:
+                        self._credit_s -= cpu
             if full or self._space_to_free():
                 s._disk.compact_files()
                 self.removed_bytes = 0

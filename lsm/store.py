@@ -89,8 +89,8 @@ class StoreOptions:
     """Runs that hold less together merge in the background only once they are many (a merge
     has a cost of its own, whatever it merges); `compact` merges them whatever their size."""
     budget: float = 1.0
-    """The share of one core merges may take: after a merge that took c seconds of CPU, the
-    compactor rests c * (1/budget - 1) seconds. 0 or less: no merges on their own."""
+    """The share of one core merges may take: they spend a credit of CPU seconds that grows by
+    `budget` each second (compaction.py). 0 or less: no merges on their own."""
     uploads: bool = False
     """Whether runs go to the remote tier at all (only a store whose tier is remote)."""
     index_delay_s: float = 0.5
