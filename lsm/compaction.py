@@ -168,7 +168,7 @@ class Compactor:
         self._credit_at = now
         left = self._credit_s
         out = []
-        for p, cost in zip(plans, costs):
+        for p, cost in zip(plans, costs, strict=True):
             if cost <= left:
                 out.append(p)
                 left -= cost
