@@ -3,15 +3,18 @@
 Each `append` gives a state one small run (level 0). A load applies every run of the state, so
 runs are merged, in the background and as resources permit, into fewer, bigger ones:
 
-- size-tiered: a state's newest runs, while each is at most `merge_fanout` times the smallest
-  of them, are merged into one once there are `merge_fanout` of them (and they hold
-  `merge_min_bytes`, or are MANY_RUNS); the merged run keeps every
-  version a read at or after the retention horizon can see (its history block), and its
-  latest block is what a load applies;
+- size-tiered: a state's runs fall into tiers, consecutive runs each at most `merge_fanout`
+  times another (none older than a run of every live key); a tier of `merge_fanout` runs
+  that hold `merge_min_bytes` (or of MANY_RUNS) merges its oldest `merge_fanout` into one, so
+  that a merge's cost does not grow with the runs waiting. The merged run keeps every version
+  a read at or after the retention horizon can see (its history block), and its latest block
+  is what a load applies;
 - retention: the runs entirely at or below the horizon h = min(last seq - retention, pinned
-  snapshots, what is indexed) are folded into one base run that keeps no version a read at or
-  after h cannot see, and no deletion when nothing older is left (the horizon is made durable
-  first, so a read below it is refused before any version goes);
+  snapshots, what is indexed) merge by the same tiers into runs that keep no version a read at
+  or after h cannot see (the oldest of them, the base, no deletion either); the runs older
+  than the newest run of every live key at or below h are deleted without a merge (the
+  horizon is made durable first, so a read below it is refused before any version goes).
+  `compact()` folds all of them into one base run, and merges each tier above h whole;
 - with uploads, a base image of every state at h goes to the remote tier, and the remote log
   segments it makes redundant are deleted; local log segments that are indexed (and uploaded)
   are deleted;
