@@ -83,8 +83,8 @@ class StoreOptions:
     seal_interval_s: float = 5.0
     """A non-empty log segment older than this is sealed and uploaded."""
     merge_fanout: int = 4
-    """A state's newest runs are merged into one once this many of them together are no
-    bigger than the run below them (size-tiered levels)."""
+    """This many consecutive runs of a state, each at most this many times another, are merged
+    into one (size-tiered levels; compaction.py)."""
     merge_min_bytes: int = 4 << 20
     """Runs that hold less together merge in the background only once they are many (a merge
     has a cost of its own, whatever it merges); `compact` merges them whatever their size."""
