@@ -12,13 +12,12 @@ from the generator's definition."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import time
 
-from support.runs import committed_pairs, finish, start_run, wait_event
+from support.runs import committed_pairs, finish, start_run, wait_event, workers_info
 from support.workloads import keyed_count_expected
 
 from experiments.chaos import Events
@@ -39,21 +38,6 @@ def committed_epochs(out) -> dict[int, int]:
             w = int(m.group(2))
             last[w] = max(last.get(w, -1), int(m.group(1)))
     return last
-
-
-def worker_pid(run_dir, proc, worker: str) -> int:
-    """The pid of `worker` once workers.json (written by the driver as workers register, at its
-    next sample) names it; fails if the run ends first or a minute passes."""
-    deadline = time.monotonic() + 60
-    path = run_dir / "workers.json"
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the run ended early: {proc.communicate()}"
-        if path.exists():
-            info = json.loads(path.read_text() or "{}")
-            if worker in info:
-                return int(info[worker]["pid"])
-        time.sleep(0.05)
-    raise AssertionError(f"workers.json named no worker {worker} within a minute")
 
 
 def parent_pid(pid: int) -> int:
@@ -81,7 +65,7 @@ def test_survivors_commit_while_a_lost_worker_is_away(tmp_path):
         events = Events(str(run_dir / "events.jsonl"))
         wait_event(events, proc, lambda e: e["event"] == "running", 180, "the run to be running")
         wait_event(events, proc, lambda e: e["event"] == "safe_point" and e["epoch"] >= 5, 60, "some output")
-        victim = worker_pid(run_dir, proc, "1")
+        victim = int(workers_info(run_dir, proc, ("1",), timeout=60)["1"]["pid"])
         daemon = parent_pid(victim)
         os.kill(daemon, signal.SIGSTOP)
         os.kill(victim, signal.SIGKILL)

@@ -27,11 +27,10 @@ import os
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 from support.paths import NOSYNC, PIPELINES, ROOT, WORKLOADS
-from support.runs import committed_pairs, finish, judge_chaos, wait_event
+from support.runs import committed_pairs, finish, judge_chaos, wait_event, workers_info
 from support.workloads import keyed_count_expected
 
 from experiments.chaos import Events, chaos
@@ -43,21 +42,6 @@ def run_cmd(pipeline: str, run_dir, mode: str, *extra: str, **params) -> subproc
     for k, v in params.items():
         cmd += ["-p", f"{k}={v}"]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def registered(run_dir, proc: subprocess.Popen, timeout: float = 180) -> dict:
-    """workers.json once both workers registered; fails if the run ends first."""
-    deadline = time.monotonic() + timeout
-    path = run_dir / "workers.json"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended early: {proc.communicate()}")
-        if path.exists():
-            info = json.loads(path.read_text())
-            if len(info) == 2:
-                return info
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for both workers to register")
 
 
 def test_a_hung_worker_fails_a_mode_none_run_naming_it(tmp_path):
@@ -75,7 +59,7 @@ def test_a_hung_worker_fails_a_mode_none_run_naming_it(tmp_path):
     try:
         events = Events(str(run_dir / "events.jsonl"))
         wait_event(events, proc, lambda e: e["event"] == "running", 180, "the run to be running")
-        victim = registered(run_dir, proc)["1"]["pid"]
+        victim = workers_info(run_dir, proc)["1"]["pid"]
         os.kill(victim, signal.SIGSTOP)
         # a run that stalled for ever would not end here
         _, err = finish(proc, timeout=120)
@@ -197,7 +181,7 @@ def test_strangers_silent_connections_make_no_suspicion_and_no_heartbeat_gap(tmp
         coordinator = wait_event(events, proc, lambda e: e["event"] == "coordinator", 180, "the coordinator")
         wait_event(events, proc, lambda e: e["event"] == "running", 180, "the run to be running")
         targets = [tuple(coordinator["address"])]
-        targets += [tuple(w["address"]) for w in registered(run_dir, proc).values()]
+        targets += [tuple(w["address"]) for w in workers_info(run_dir, proc).values()]
         for address in targets:
             # more than the cap of pending handshakes: those past it are closed at once
             for _ in range(channels.MAX_PENDING_HANDSHAKES + 4):

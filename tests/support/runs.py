@@ -87,6 +87,23 @@ def start_run(
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def workers_info(run_dir, proc: subprocess.Popen, workers: tuple[str, ...] = ("0", "1"), timeout: float = 180) -> dict:
+    """workers.json (the driver replaces it whole as workers register, at its next sample) once
+    it names every one of `workers`; fails if the run ends first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    path = os.path.join(run_dir, "workers.json")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early: {proc.communicate()}")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+            if all(w in info for w in workers):
+                return info
+        time.sleep(0.05)
+    raise AssertionError(f"workers.json named no worker(s) {', '.join(workers)} within {timeout:g}s")
+
+
 def wait_event(events: Events, proc: subprocess.Popen, pred, timeout: float, what: str) -> dict:
     """The first event of the run for which `pred` holds; fails if the run ends first or
     `timeout` seconds pass."""
