@@ -128,6 +128,8 @@ def test_survivors_keep_reading_while_the_lost_worker_recovers(tmp_path):
     assert committed_pairs(str(out)) == keyed_count_expected(records, keys)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["output_log_spilled_frames"] > 0
+    cpu = summary["persist_cpu_s"]  # where persistence's time went, by part
+    assert cpu["snapshots"] > 0 and cpu["store"] > 0 and cpu["replicas"] == 0, cpu
 
 
 def test_a_loss_after_the_last_safe_point_still_ends_the_run(tmp_path):

@@ -285,6 +285,10 @@ class NosyncMode(Mode):
             "recovery_span_ms_max": 1000 * max((m.get("span_s_max", 0.0) for m in per), default=0.0),
             "recovery_span_records_max": max((m.get("span_records_max", 0) for m in per), default=0),
             "merges": total("merges"),
+            "persist_cpu_s": {
+                part: sum(m.get("persist_cpu_s", {}).get(part, 0.0) for m in per)
+                for part in ("snapshots", "store", "merges", "replicas")
+            },
             "replayed_steps": total("replayed_steps"),
             "frames_dropped_as_replayed": total("dropped_frames"),
             "lineage_frames": total("lineage_frames"),

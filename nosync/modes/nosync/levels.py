@@ -240,12 +240,20 @@ class Levels:
         return self._durable_at(self.tier)
 
     def levels_metrics(self) -> dict:
-        """Each level's durable seq, how long an append waited at most to reach it, and what the
-        replicated level sent and holds."""
+        """Each level's durable seq, how long an append waited at most to reach it, what the
+        replicated level sent and holds, and where persistence's CPU went."""
         out: dict = {"level_lag_s": dict(self.level_lag_s)}
         if self.pacer is not None:
             out["level_gap_s_max"] = dict(self.pacer.peak)
         if self.store is not None:
+            st = self.store.stats
+            # where persistence's CPU went: what the snapshot interval is stretched by
+            out["persist_cpu_s"] = {
+                "snapshots": self.snapshot_cpu_s,
+                "store": st.persist_cpu_s,
+                "merges": st.merge_cpu_s,
+                "replicas": self.replicate_cpu_s,
+            }
             out["durable_seqs"] = {"memory": self.store.last_seq} | {
                 name: self._durable_at(name) for name in self._level_names()
             }
