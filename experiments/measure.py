@@ -63,20 +63,26 @@ def dir_bytes(path: str) -> int:
     return total
 
 
+def backlog(samples: list[tuple[float, int]], t0: float, rate: float) -> list[tuple[float, float]]:
+    """(wall time, backlog) of a paced run from its (wall time, records read) samples: the
+    records due by then at `rate` records/s in all from `t0`, minus the records read."""
+    return [(t, rate * (t - t0) - read) for t, read in samples]
+
+
 def drained_after(samples: list[tuple[float, int]], t0: float, rate: float, kill_at: float) -> float | None:
-    """Seconds from `kill_at` until the backlog (records due at `rate` from `t0`, minus records
-    read, over (wall time, read) samples) is back within a tenth of a second of input of its mean
-    over the second before the kill, having grown past that since; 0.0 if it never grew past it,
-    None if it never came back."""
-    before = [rate * (t - t0) - n for t, n in samples if kill_at - 1.0 <= t <= kill_at]
+    """Seconds from `kill_at` until the backlog (`backlog`) is back within a tenth of a second of
+    input of its mean over the second before the kill, having grown past that since; 0.0 if it
+    never grew past it, None if it never came back."""
+    points = backlog(samples, t0, rate)
+    before = [b for t, b in points if kill_at - 1.0 <= t <= kill_at]
     if not before:
         return None
     level = max(0.0, sum(before) / len(before)) + 0.1 * rate
     grew = False
-    for t, n in samples:
+    for t, b in points:
         if t <= kill_at:
             continue
-        over = rate * (t - t0) - n > level
+        over = b > level
         if over:
             grew = True
         elif grew:

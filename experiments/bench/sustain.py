@@ -50,7 +50,9 @@ def backlog_growth(samples: list[tuple[float, int]], t0: float, rate: float, sta
     """The backlog over [start, end] (wall times) of a run whose `rate` records/s in all were
     due from `t0`, from (wall time, records read) samples: its least-squares slope in records/s
     and its value at the end."""
-    pts = [(t, rate * (t - t0) - read) for t, read in samples if start <= t <= end]
+    from experiments.measure import backlog
+
+    pts = [(t, b) for t, b in backlog(samples, t0, rate) if start <= t <= end]
     if len(pts) < 3:
         return {"slope": None, "end": None, "samples": len(pts)}
     n = len(pts)
