@@ -159,15 +159,22 @@ def _reap(pid: int) -> None:
         del _started[pid]
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat from the third on (state, parent pid, ...: `fields[k - 3]`
+    is field k of proc(5)); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie is not: it holds no namespace any more)."""
     _reap(pid)
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def cmdline(pid: int) -> list[str]:
@@ -201,12 +208,8 @@ def netns_pids(namespace: str) -> list[int]:
 
 def is_stopped(pid: int) -> bool:
     """Whether process `pid` is stopped (state T in /proc/PID/stat); False when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat[stat.rindex(")") + 2 :].startswith(("T", "t"))
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
 
 
 def netns_of(pid: int, namespaces: list[str]) -> str | None:

@@ -136,8 +136,9 @@ def _mount_ns(pid: int) -> int:
 
 def _started_s(pid: int) -> float:
     """When `pid` started, in seconds since boot (CLOCK_BOOTTIME)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = processes.stat_fields(pid)
+    if fields is None:
+        return float("inf")  # gone: started before nothing
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks
 
 

@@ -21,6 +21,7 @@ from support.runs import committed_pairs, finish, start_run, wait_event, workers
 from support.workloads import keyed_count_expected
 
 from experiments.chaos import Events
+from experiments.cluster.processes import stat_fields
 
 RECORDS, KEYS = 600_000, 2000
 PART = re.compile(r"part-(\d+)-w(\d+)")
@@ -38,11 +39,6 @@ def committed_epochs(out) -> dict[int, int]:
             w = int(m.group(2))
             last[w] = max(last.get(w, -1), int(m.group(1)))
     return last
-
-
-def parent_pid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def test_survivors_commit_while_a_lost_worker_is_away(tmp_path):
@@ -66,7 +62,7 @@ def test_survivors_commit_while_a_lost_worker_is_away(tmp_path):
         wait_event(events, proc, lambda e: e["event"] == "running", 180, "the run to be running")
         wait_event(events, proc, lambda e: e["event"] == "safe_point" and e["epoch"] >= 5, 60, "some output")
         victim = int(workers_info(run_dir, proc, ("1",), timeout=60)["1"]["pid"])
-        daemon = parent_pid(victim)
+        daemon = int(stat_fields(victim)[1])  # its parent
         os.kill(daemon, signal.SIGSTOP)
         os.kill(victim, signal.SIGKILL)
         wait_event(events, proc, lambda e: e["event"] == "worker_lost" and e["worker"] == 1, 60, "the loss")

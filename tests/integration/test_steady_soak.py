@@ -24,6 +24,7 @@ import time
 import pytest
 from support.runs import start_run
 
+from experiments.cluster.processes import cmdline, stat_fields
 from experiments.measure import dir_bytes
 
 SOAK_S = float(os.environ.get("NOSYNC_SOAK_S", "1800"))
@@ -37,13 +38,8 @@ def descendants(root: int) -> list[int]:
     """`root` and every process below it."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
+        if name.isdigit() and (fields := stat_fields(int(name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(name))
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -64,11 +60,7 @@ def rss_kb(pid: int) -> int | None:
 
 
 def command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
-    except OSError:
-        return "?"
+    return " ".join(cmdline(pid))[:120] or "?"
 
 
 @pytest.mark.soak
