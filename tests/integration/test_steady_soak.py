@@ -32,6 +32,9 @@ WARMUP_S = float(os.environ.get("NOSYNC_SOAK_WARMUP_S", "300"))
 KEYS, RATE = 200_000, 20_000
 """Every key has its state after 5 s of input (2 partitions, keys cycling)."""
 GROWTH = 1.10
+STOP_GRACE_S = 300
+"""The run must have stopped by this long after its --duration (the clean stop's last snapshot
+or checkpoint included)."""
 
 
 def descendants(root: int) -> list[int]:
@@ -75,6 +78,7 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
         keys=KEYS,
         out="none",
         mode=mode,
+        log_to=tmp_path,
     )
     samples: list[dict] = []
     """After the warm-up: {"t", "disk", "rss": {pid: kB}} every few seconds."""
@@ -92,6 +96,7 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
             if proc.poll() is not None or not now:
                 break  # ended meanwhile: its processes are going
             t = time.monotonic() - started
+            assert t < SOAK_S + STOP_GRACE_S, f"the run did not stop within {STOP_GRACE_S:g}s of its --duration"
             if WARMUP_S <= t < SOAK_S - 10:
                 for p in now.keys() - names.keys():
                     names[p] = command(p)
@@ -99,13 +104,13 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
                 samples.append(row)
                 log.write(json.dumps(row) + "\n")
                 log.flush()
-        out, err = proc.communicate()
+        proc.wait()
     finally:
         log.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, (tmp_path / "stderr").read_text()[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped"] is not None and summary["records_committed"] == summary["records_read"]
     assert len(samples) >= 4, "the run ended before its warm-up did"

@@ -62,9 +62,19 @@ def committed_pairs(directory: str) -> collections.Counter:
 
 
 def start_run(
-    run_dir, *extra: str, records: int | str, keys: int, out, mode: str = "abs", env: dict | None = None
+    run_dir,
+    *extra: str,
+    records: int | str,
+    keys: int,
+    out,
+    mode: str = "abs",
+    env: dict | None = None,
+    log_to=None,
 ) -> subprocess.Popen:
-    """`nosync run` of keyed_count at W = 2 in a subprocess, with `extra` options."""
+    """`nosync run` of keyed_count at W = 2 in a subprocess, with `extra` options. Its output
+    goes to pipes, or with `log_to` (a directory) to the files `stdout` and `stderr` there: a
+    run that lasts more than a few minutes prints more than a pipe holds, and its driver would
+    wait on a pipe nobody reads until the end."""
     cmd = [
         *NOSYNC,
         "run",
@@ -84,7 +94,10 @@ def start_run(
         f"output={out}",
     ]
     env = {**os.environ, **env} if env else None
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if log_to is None:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with open(os.path.join(log_to, "stdout"), "w") as o, open(os.path.join(log_to, "stderr"), "w") as e:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e, text=True, env=env)
 
 
 def workers_info(run_dir, proc: subprocess.Popen, workers: tuple[str, ...] = ("0", "1"), timeout: float = 180) -> dict:
