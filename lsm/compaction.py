@@ -73,9 +73,8 @@ def _tiers(refs: list, fanout: int, least: int, whole: bool = False) -> list[lis
         if group and (group[-1].full or size > fanout * smallest or largest > fanout * size):
             tiers.append(group)
             group = []
+        smallest, largest = (min(smallest, size), max(largest, size)) if group else (size, size)
         group.append(r)
-        smallest = min(smallest, size) if group[1:] else size
-        largest = max(largest, size) if group[1:] else size
     tiers.append(group)
     out = []
     for group in tiers:
@@ -91,6 +90,12 @@ def _tiers(refs: list, fanout: int, least: int, whole: bool = False) -> list[lis
     return out
 
 
+def _kept_as_is(refs: list) -> bool:
+    """Whether a merge of `refs` leaves them as they are: a single run with no older version or
+    deletion to fold."""
+    return len(refs) == 1 and not (refs[0].nhist or refs[0].ndel)
+
+
 def _enough(group: list, fanout: int, least: int) -> bool:
     """Whether `group` is worth a merge: `fanout` runs or more holding `least` bytes, or
     MANY_RUNS."""
@@ -99,7 +104,7 @@ def _enough(group: list, fanout: int, least: int) -> bool:
 
 class Compactor:
     """The merges of one store: when its states' runs call for one, it runs them on a thread of its
-    own, resting so that they take at most `budget` of a core."""
+    own, spending a credit that holds them to `budget` of a core."""
 
     def __init__(self, store: Store) -> None:
         self.s = store
@@ -135,11 +140,10 @@ class Compactor:
             if cut:
                 out.append((sb, old[cut : cut + 1], True, True, old[:cut]))
                 continue
-            if full and (len(old) >= 2 or (old and (old[0].nhist or old[0].ndel))):
+            # `compact()` folds them all; a lone one is folded for the versions and deletions it
+            # no longer needs
+            if (full and len(old) >= 2) or (len(old) == 1 and not _kept_as_is(old)):
                 out.append((sb, old, True, True, []))
-                continue
-            if len(old) == 1 and (old[0].nhist or old[0].ndel):
-                out.append((sb, old, True, True, []))  # the versions and deletions it no longer needs
                 continue
             # size-tiered below the horizon too: folding every new run into the base would
             # rewrite the whole state at each merge, a cost that grows with the state
@@ -178,7 +182,7 @@ class Compactor:
         return out
 
     def _estimate(self, refs: list) -> float:
-        if len(refs) == 1 and not (refs[0].nhist or refs[0].ndel):
+        if _kept_as_is(refs):
             return 0.0  # nothing merged: older runs dropped
         return sum(r.n + r.npairs + r.nhist for r in refs) * self._entry_cpu_s
 
@@ -272,7 +276,7 @@ class Compactor:
         more); a single run with nothing to fold stays as it is."""
         s = self.s
         dropped = list(dropped)
-        if len(refs) == 1 and not (refs[0].nhist or refs[0].ndel):
+        if _kept_as_is(refs):
             added, removed, data = [], dropped, b""
         else:
             data = merge([self._view(r) for r in refs], horizon, base)
