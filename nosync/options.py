@@ -22,6 +22,8 @@ docs/performance.md)."""
 
 MAX_DEAD_LETTERS = 10_000
 """The default --max-dead-letters: the dead letters a worker keeps (and the driver keeps of it)."""
+MAX_PERSIST_MS = 5_000
+"""The default --max-persist-ms: the longest nosync's budget stretches the snapshot interval to."""
 
 TIERS = ("disk", "remote", "replicated")
 """Where a snapshot must be durable before it counts: the worker's local disk, the remote
@@ -129,6 +131,13 @@ class RunOptions:
         "nosync: how often each worker snapshots its state at most (alone, no barrier); the budget stretches it.",
         min=1,
     )
+    max_persist_ms: int | None = _opt(
+        None,
+        f"nosync: the longest the budget stretches the snapshot interval to (default: {MAX_PERSIST_MS}, or "
+        "--persist-ms when longer): past it a snapshot is taken whatever it costs, so the span a recovery "
+        "re-executes stays bounded as the state grows (--persist-ms here: a fixed interval).",
+        min=1,
+    )
     persist_budget: float = _opt(
         0.05,
         "The share of a worker's time its persistence may take, in (0, 1]: its stores' merges (abs, nosync) are held"
@@ -199,6 +208,11 @@ class RunOptions:
                 f"--persist-budget is the share of a worker's time its persistence may take, in (0, 1], "
                 f"not {self.persist_budget}"
             )
+        if self.max_persist_ms is not None and self.max_persist_ms < self.persist_ms:
+            raise NosyncError(
+                f"--max-persist-ms {self.max_persist_ms} is less than --persist-ms {self.persist_ms}: the budget "
+                "stretches the snapshot interval from --persist-ms up to --max-persist-ms"
+            )
         if self.replay_threshold_records is not None and self.mode != "nosync":
             raise NosyncError(
                 f"--replay-threshold-records is for mode nosync (a recovery's span re-executed by a Spark "
@@ -231,6 +245,11 @@ class RunOptions:
     def replica_count(self) -> int:
         """The peers that hold a copy of each worker's store (0: no replicated level)."""
         return replica_count(self.checkpoint_tier, self.replicas)
+
+    @property
+    def persist_bound_ms(self) -> int:
+        """The longest nosync's snapshot interval is stretched to (`max_persist_ms`)."""
+        return self.max_persist_ms if self.max_persist_ms is not None else max(MAX_PERSIST_MS, self.persist_ms)
 
     def but(self, **changes: Any) -> RunOptions:
         """These options with `changes`, validated again; a name that is no option is an error

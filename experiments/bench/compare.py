@@ -5,7 +5,7 @@ Parquet files) runs under each mode on one embedded Spark session, the modes tak
 `reps` rounds, each mode's best round kept: mode `none` is the limit the others are divided
 by, so it gets the same chances (warm Spark, same data, same files) as they do. abs and nosync
 run at the same interval (`interval_ms`: abs's checkpoint interval, nosync's persistence
-interval, which its budget may stretch). Per mode: records_per_s (first record read to last
+interval, fixed: not stretched by its budget). Per mode: records_per_s (first record read to last
 committed), latency p50/p99 (ingest to commit), stall_ms_max (the longest time an operator
 could not process available input because of fault tolerance: in abs, alignment; in nosync,
 persistence backpressure), checkpoint_ms_p50/p99, bytes_persisted (every byte each mode handed

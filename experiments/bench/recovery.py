@@ -17,7 +17,9 @@ and the kill comes at `kill_at_s` seconds of input (default: once every key has 
 cycling, plus a quarter of what is left, and no sooner than half-way). The result adds
 `drained_s` (kill to the backlog of records due back at its level before), the latency of
 committed output over the whole run (due to committed, p50/p99/p99.9: a kill's queueing
-counts), the longest stall, and the run directory's bytes at the kill (the state on disk).
+counts), the longest stall, the share of the workers' time persistence took (`persist_share`:
+abs's checkpoints and nosync's snapshots at the same fixed interval), and the run directory's
+bytes at the kill (the state on disk).
 
 `failure` "machine" loses the victim's local root with its process (`experiments.failures`):
 each mode then runs once per level it can recover from (`tiers`; default: the replicated level
@@ -190,6 +192,7 @@ def render(r: dict) -> str:
         "records_read",
         "latency_p99_ms",
         "stall_ms_max",
+        "persist_share",
         "run_dir_bytes_at_kill",
         "keys_read_alone",
     ]

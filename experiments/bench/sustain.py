@@ -14,8 +14,9 @@ an upper bound (`--max-rate`, else 1.25 times what mode none reads unpaced in a 
 Then every mode runs at 50% and at 80% of mode none's sustainable rate, and reports event-time
 latency (when a record was due to when its output was committed: the queueing a slower mode
 causes counts) over the window only (`latency_from_s`), as p50, p99 and p99.9, with its longest
-stall. All modes get the same interval (abs's checkpoint interval, nosync's persistence
-interval), the same keys and the same windows.
+stall and the share of the workers' time persistence took. All modes get the same interval
+(abs's checkpoint interval, nosync's snapshot interval, not stretched by its budget), the same
+keys and the same windows.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ def run(
                             "latency_p999_ms": s.get("latency_p999_ms"),
                             "stall_ms_max": 0.0 if mode == "none" else s.get("stall_ms_max"),
                             "bytes_persisted": s.get("bytes_persisted"),
+                            "persist_share": s.get("persist_share"),
                         }
                     )
                     out["modes"][mode][f"at_{int(share * 100)}"] = row
@@ -211,7 +213,7 @@ def render(r: dict) -> str:
     rows = [("sustainable records/s", lambda m: r["modes"][m]["sustainable"])]
     for share in SHARES:
         key = f"at_{int(share * 100)}"
-        for f in ("latency_p50_ms", "latency_p99_ms", "latency_p999_ms", "stall_ms_max", "sustained"):
+        for f in ("latency_p50_ms", "latency_p99_ms", "latency_p999_ms", "stall_ms_max", "persist_share", "sustained"):
             rows.append((f"{key} {f}", lambda m, k=key, f=f: (r["modes"][m].get(k) or {}).get(f)))
     w = max(len(name) for name, _ in rows)
     lines = [f"{'':<{w}}  " + "  ".join(f"{m:>12}" for m in modes)]

@@ -86,6 +86,11 @@ class AbsOp(StrEnum):
     """coordinator -> workers: checkpoint `n` was aborted."""
 
 
+PERSIST_PARTS = ("snapshots", "store", "merges")
+"""Where a worker's persistence CPU goes: its snapshots on the processing thread, its stores'
+persisters (encoding, logging, indexing) and their merges."""
+
+
 def take_keyed(op: Any) -> Any:
     """The keyed updates of `op` since its last snapshot, as `append` takes them (a join's:
     its increments, as columns)."""
@@ -115,6 +120,8 @@ class AbsHooks(WorkerHooks):
         commit their fence deferred is made again from `poll`, `SinkOp.deferred`)."""
         self.align: dict[str, dict[int, dict]] = {}
         self.acked = 0
+        self.snapshot_cpu_s = 0.0
+        """The processing thread's time in snapshots (taking and encoding their state)."""
         self.worker: Worker = None
 
     # -- restore ---------------------------------------------------------------------
@@ -188,6 +195,7 @@ class AbsHooks(WorkerHooks):
 
     def _snapshot(self, op: Any, n: int, align_s: float = 0.0, held: int = 0, meta: dict | None = None) -> None:
         t = time.perf_counter()
+        cpu = time.thread_time()
         if isinstance(op, SinkOp):
             op.precommit(n)
         if meta is None:
@@ -208,6 +216,7 @@ class AbsHooks(WorkerHooks):
                 except ValueEncodingError as e:
                     raise op.state_error(e) from None
                 store.persist(self.tier)
+        self.snapshot_cpu_s += time.thread_time() - cpu
         if n in self.aborted:
             return  # its barrier still aligns and moves on; nothing waits for its ack
         p = self._entry(n)
@@ -343,11 +352,18 @@ class AbsHooks(WorkerHooks):
         return not self.pending and not any(s.uncommitted for s in worker.sinks)
 
     def metrics(self, worker: Worker) -> dict:
-        """Checkpoints acknowledged, the stores' backpressure, and the bytes appended to them."""
+        """Checkpoints acknowledged, the stores' backpressure, the bytes appended to them, and
+        where persistence's CPU went (as mode nosync reports it: the share both are compared by)."""
+        stats = [s.stats for s in self.stores.values()]
         return {
             "checkpoints_acked": self.acked,
-            "store_backpressure_s": sum(s.stats.backpressure_s for s in self.stores.values()),
-            "bytes_persisted": sum(s.stats.appended_bytes for s in self.stores.values()),
+            "store_backpressure_s": sum(st.backpressure_s for st in stats),
+            "bytes_persisted": sum(st.appended_bytes for st in stats),
+            "persist_cpu_s": {
+                "snapshots": self.snapshot_cpu_s,
+                "store": sum(st.persist_cpu_s for st in stats),
+                "merges": sum(st.merge_cpu_s for st in stats),
+            },
         }
 
     def close(self, worker: Worker) -> None:
@@ -551,6 +567,9 @@ class AbsMode(Mode):
                 return None
             return durations[min(len(durations) - 1, int(q * len(durations)))]
 
+        per = [d.get("metrics", {}).get("mode", {}) for d in coord.done.values()]
+        cpu = {part: sum(m.get("persist_cpu_s", {}).get(part, 0.0) for m in per) for part in PERSIST_PARTS}
+        processing = max((float(d.get("seconds", 0.0)) for d in coord.done.values()), default=0.0)
         return {
             "checkpoints_completed": len(self.completed_rows),
             "checkpoints_aborted": self.aborted,
@@ -559,9 +578,9 @@ class AbsMode(Mode):
             "checkpoint_bytes": sum(r["bytes"] for r in self.completed_rows),
             "backedge_log_bytes": sum(r["backedge_bytes"] for r in self.completed_rows),
             "backedge_log_bytes_max": max((r["backedge_bytes"] for r in self.completed_rows), default=0),
-            "bytes_persisted": sum(
-                d.get("metrics", {}).get("mode", {}).get("bytes_persisted", 0) for d in coord.done.values()
-            ),
+            "bytes_persisted": sum(m.get("bytes_persisted", 0) for m in per),
+            "persist_cpu_s": cpu,
+            "persist_share": sum(cpu.values()) / (processing * len(per)) if processing and per else 0.0,
             "stall_ms_max": max((r.get("align_ms", 0.0) for r in self.instance_rows), default=0.0),
             "sync_ms_max": max((r.get("sync_ms", 0.0) for r in self.instance_rows), default=0.0),
             "held_records_max": max((r.get("held", 0) for r in self.instance_rows), default=0),

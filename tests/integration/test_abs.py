@@ -53,6 +53,11 @@ def test_chaos_abs_is_exactly_once(tmp_path, workload, workers, kills):
     assert c["completed"] > 0 and c["files"] > 0 and c["bytes"] > 0
     assert {s["worker"] for s in info["stores"]} == set(range(workers))
     assert all(s["last_seq"] == s["disk"] >= 0 for s in info["stores"]), info["stores"]
+    # where persistence's time went, by part, as mode nosync reports it
+    summary = json.loads((tmp_path / "chaos" / "chaos" / "summary.json").read_text())
+    cpu = summary["persist_cpu_s"]
+    assert cpu["snapshots"] > 0 and cpu["store"] > 0, cpu
+    assert 0 < summary["persist_share"] < 1, summary["persist_share"]
 
 
 @pytest.mark.soak

@@ -279,6 +279,7 @@ class NosyncMode(Mode):
             "lineage_points": total("lineage_points"),
             "lineage_points_logged_here": total("lineage_points_logged_here"),
             "open_precommits": total("open_precommits"),
+            "snapshots_over_budget": total("over_budget"),
             "persist_share": total("persist_s") / (processing * len(per)) if processing and per else 0.0,
             "interval_ms_mean": 1000 * max((m.get("interval_s_mean", 0.0) for m in per), default=0.0),
             "interval_ms_max": 1000 * max((m.get("interval_s_max", 0.0) for m in per), default=0.0),

@@ -99,13 +99,14 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         o = self.options
         self.tier = o.checkpoint_tier
         self.persist_s = o.persist_ms / 1000
+        self.max_persist_s = o.persist_bound_ms / 1000
         self.budget = o.persist_budget
         self.max_unpersisted = o.max_unpersisted_mb << 20
         self.max_concurrent_snapshots = o.max_concurrent_snapshots
         self.max_out_mem = o.max_output_log_mb << 20
         self.threshold = o.replay_threshold_records
         self.interval_s = self.persist_s
-        """The snapshot interval now: `persist_s` stretched by the budget."""
+        """The snapshot interval now: `persist_s` stretched by the budget, up to `max_persist_s`."""
         self.intervals = [0, 0.0, 0.0]
         """The snapshot intervals set so far: count, sum, greatest (bounded, for any run length)."""
         self.span_s_max = 0.0
@@ -553,6 +554,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
             "snapshot_bytes": self.snapshot_bytes,
             "lineage_points": self.points,
             "open_precommits": self.open_precommits,
+            "over_budget": self.over_budget,
             "lineage_points_logged_here": st.logged_now if st else 0,
             "lineage_point_bytes": self.point_bytes - self.snapshot_bytes,
             "residue_bytes": self.residue_bytes,

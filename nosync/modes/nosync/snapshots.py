@@ -6,9 +6,14 @@ durable point, trims the output logs of its peers and lets sinks commit.
 Persistence runs as resources permit: its share of the worker's time (the snapshot's work on
 this thread plus the store's encoding, logging, indexing and merging) is held under
 `persist_budget`. After each snapshot is durable, the next interval is what that snapshot cost
-divided by the budget, and never less than `persist_ms`: the interval stretches under load
-(a longer recovery span) and shrinks back when there is room. While a snapshot is not yet
-durable, no other is taken (`max_concurrent_snapshots`): the keys changed meanwhile coalesce.
+divided by the budget, never less than `persist_ms` and never more than `max_persist_ms`: the
+interval stretches under load (a longer recovery span) and shrinks back when there is room. The
+bound keeps the span a recovery re-executes from growing with the state: when each key changes
+about once an interval (many keys, few updates to each), a longer interval holds as many more
+keys to persist, so stretching it would not lower persistence's share, only lengthen the span;
+past the bound persistence takes what it needs, and `over_budget` counts the snapshots that did.
+While a snapshot is not yet durable, no other is taken (`max_concurrent_snapshots`): the keys
+changed meanwhile coalesce.
 """
 
 from __future__ import annotations
@@ -304,6 +309,9 @@ class Snapshots:
     """The processing thread's time in the durable snapshots (taking their state)."""
     open_precommits = 0
     """Lineage points' pre-commits of a sink's open epochs (its frontier held)."""
+    over_budget = 0
+    """Durable snapshots whose cost, divided by the budget, asked for an interval past
+    `max_persist_s`: the next was taken at that bound, its persistence over the budget."""
 
     def _snapshot_durable(self, worker: Worker, p: Pending) -> None:
         self.durable_step = p.step
@@ -318,7 +326,10 @@ class Snapshots:
         # interval stretches by the cost of the snapshot's own path only
         paced = self.pacer.gaps if self.pacer is not None else {}
         own = (st.upload_cpu_s if "remote" in paced else 0.0) + (self.replicate_cpu_s if "replicated" in paced else 0.0)
-        self.interval_s = max(self.persist_s, max(0.0, cost - (own - self._paced_base)) / self.budget)
+        stretched = max(0.0, cost - (own - self._paced_base)) / self.budget
+        if stretched > self.max_persist_s:
+            self.over_budget += 1
+        self.interval_s = min(self.max_persist_s, max(self.persist_s, stretched))
         self._paced_base = own
         self.snapshot_cpu_s += p.cost
         n, total, most = self.intervals

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from cli.main import main
 from nosync.errors import NosyncError
-from nosync.options import RunOptions, cli_fields
+from nosync.options import MAX_PERSIST_MS, RunOptions, cli_fields
 
 PIPELINE = str(pathlib.Path(__file__).resolve().parents[3] / "experiments" / "workloads" / "keyed_count.py")
 
@@ -38,6 +38,7 @@ def test_options_cross_the_wire_unchanged():
         ({"mode": "abs", "checkpoint_tier": "replicated"}, "replicated"),
         ({"mode": "nosync", "checkpoint_tier": "replicated", "replicas": 0}, "--replicas 1"),
         ({"max_dead_letters": 0}, "--max-dead-letters"),
+        ({"persist_ms": 2000, "max_persist_ms": 1000}, "--max-persist-ms 1000 is less than --persist-ms 2000"),
     ],
 )
 def test_a_bad_option_is_refused_naming_it(changes, named):
@@ -90,3 +91,9 @@ def test_dead_letters_are_bounded_by_default_and_unbounded_by_none():
     assert RunOptions(max_dead_letters=1).max_dead_letters == 1
     assert RunOptions(max_dead_letters=None).max_dead_letters is None
     assert RunOptions.from_wire(RunOptions(max_dead_letters=None).to_wire()).max_dead_letters is None
+
+
+def test_the_snapshot_interval_is_bounded_by_default_and_never_below_persist_ms():
+    assert RunOptions().persist_bound_ms == MAX_PERSIST_MS
+    assert RunOptions(persist_ms=3 * MAX_PERSIST_MS).persist_bound_ms == 3 * MAX_PERSIST_MS
+    assert RunOptions(persist_ms=100, max_persist_ms=100).persist_bound_ms == 100

@@ -167,6 +167,19 @@ def test_the_interval_stretches_over_budget_and_shrinks_back(tmp_path):
         hooks.store.close()
 
 
+def test_the_interval_stretches_no_further_than_max_persist_ms(tmp_path):
+    # the same snapshot as above, which at a 0.1% budget asks for an interval over a second
+    hooks, worker = hooks_on(tmp_path, ops=[counts(100_000)], persist_budget=0.001, max_persist_ms=300)
+    try:
+        step_and_poll(hooks, worker)
+        settle(hooks, worker)
+        assert hooks.interval_s == 0.3, "the interval went past --max-persist-ms"
+        assert hooks.over_budget == 1
+        assert hooks.metrics(worker)["over_budget"] == 1
+    finally:
+        hooks.store.close()
+
+
 def test_a_generous_budget_keeps_the_shortest_interval(tmp_path):
     hooks, worker = hooks_on(tmp_path, ops=[counts(1000)], persist_budget=1.0, persist_ms=60_000)
     try:
