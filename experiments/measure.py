@@ -22,6 +22,7 @@ from typing import Any
 
 from experiments.chaos import Progress, restores_to
 from experiments.failures import lose_machines
+from lsm.files import tree_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEYED_COUNT = os.path.join(HERE, "workloads", "keyed_count.py")
@@ -49,18 +50,6 @@ STEADY_FIELDS = (
     "output_log_peak_bytes",
     "residue_bytes",
 )
-
-
-def dir_bytes(path: str) -> int:
-    """The bytes of the files under `path` (files that go meanwhile are skipped)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def backlog(samples: list[tuple[float, int]], t0: float, rate: float) -> list[tuple[float, float]]:
@@ -281,7 +270,7 @@ def recovery(
                 return  # the run had ended: it reports no recovery
             killed["pid"] = pid
             if paced:
-                killed["dir_bytes"] = dir_bytes(d)
+                killed["dir_bytes"] = tree_bytes(d)
             if failure == "machine":
                 lose_machines(d, [victim])
             killed.update(at_read=state["read"], at=now, at_s=state.get("t", 0.0) + now - state.get("wall", now))

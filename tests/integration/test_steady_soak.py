@@ -25,7 +25,7 @@ import pytest
 from support.runs import start_run
 
 from experiments.cluster.processes import cmdline, stat_fields
-from experiments.measure import dir_bytes
+from lsm.files import tree_bytes
 
 SOAK_S = float(os.environ.get("NOSYNC_SOAK_S", "1800"))
 WARMUP_S = float(os.environ.get("NOSYNC_SOAK_WARMUP_S", "300"))
@@ -100,7 +100,7 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
             if WARMUP_S <= t < SOAK_S - 10:
                 for p in now.keys() - names.keys():
                     names[p] = command(p)
-                row = {"t": round(t, 1), "disk": dir_bytes(str(run_dir)), "rss": now}
+                row = {"t": round(t, 1), "disk": tree_bytes(str(run_dir)), "rss": now}
                 samples.append(row)
                 log.write(json.dumps(row) + "\n")
                 log.flush()
