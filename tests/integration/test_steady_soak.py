@@ -6,8 +6,11 @@ default), and is stopped by `--duration`. After a warm-up (NOSYNC_SOAK_WARMUP_S,
 state is whole and the store's retention window of snapshots is full), every process of the run
 (the driver, its JVM, Spark's Python daemon and the workers) is sampled every few seconds:
 
-- each one's resident memory at the end is within +10% of its value at the end of the warm-up
-  (a process under 20 MB is not held to it);
+- each one's resident memory holds its level: its median over the second half of the measured
+  window is within +10% of its median over the first half, and its greatest within +25% of
+  the first half's greatest (a worker's memory saws by 100 MB and more as snapshots and merges
+  come and go: a leak raises the level, a saw does not; the spikes are bounded too). A process
+  under 20 MB is not held to it;
 - the run directory's greatest size in the second half of the measured window is within +10%
   of its greatest in the first half (the size saws as LevelDB frees removed runs in steps):
   the store's retention bounds it, not the run's length.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 
 import pytest
@@ -32,6 +36,9 @@ WARMUP_S = float(os.environ.get("NOSYNC_SOAK_WARMUP_S", "300"))
 KEYS, RATE = 200_000, 20_000
 """Every key has its state after 5 s of input (2 partitions, keys cycling)."""
 GROWTH = 1.10
+"""How far a process's memory level (median) and the run directory's greatest size may grow."""
+SPIKE_GROWTH = 1.25
+"""How far a process's greatest memory may grow."""
 STOP_GRACE_S = 300
 """The run must have stopped by this long after its --duration (the clean stop's last snapshot
 or checkpoint included)."""
@@ -60,6 +67,18 @@ def rss_kb(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def quarters(values: list) -> list[tuple[int, int]]:
+    """(median, greatest) of each quarter of `values` (None: not sampled then), for a message
+    that shows whether memory grew or only sawed."""
+    n = len(values)
+    out = []
+    for q in range(4):
+        part = [v for v in values[q * n // 4 : (q + 1) * n // 4] if v is not None]
+        if part:
+            out.append((int(statistics.median(part)), max(part)))
+    return out
 
 
 def command(pid: int) -> str:
@@ -115,15 +134,17 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
     assert summary["stopped"] is not None and summary["records_committed"] == summary["records_read"]
     assert len(samples) >= 4, "the run ended before its warm-up did"
     # memory and disk saw (snapshots, merges, LevelDB freeing removed runs in steps): the
-    # greatest value of the measured window's second half is held to that of its first
+    # level and the peaks of the measured window's second half are held to its first half's
     half = len(samples) // 2
     first, second = samples[: half + 1], samples[half:]
     grown = {}
     for p, name in names.items():
-        before = max((row["rss"].get(p, 0) for row in first), default=0)
-        after = max((row["rss"].get(p, 0) for row in second), default=0)
-        if before and after > GROWTH * before and after > 20_000:
-            grown[p] = (before, after, name)
-    assert not grown, f"resident memory (kB, greatest of each half) grew past +10% after the warm-up: {grown}"
+        a = [row["rss"][p] for row in first if p in row["rss"]]
+        b = [row["rss"][p] for row in second if p in row["rss"]]
+        if not a or not b or max(b) <= 20_000:
+            continue
+        if statistics.median(b) > GROWTH * statistics.median(a) or max(b) > SPIKE_GROWTH * max(a):
+            grown[p] = (name, quarters([row["rss"].get(p) for row in samples]))
+    assert not grown, f"resident memory grew after the warm-up (kB, median / greatest per quarter): {grown}"
     before, after = max(row["disk"] for row in first), max(row["disk"] for row in second)
     assert after <= GROWTH * before, f"the run directory grew: at most {before:,} bytes, then {after:,}"
