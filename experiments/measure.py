@@ -369,9 +369,11 @@ def recovery(
             "epoch_restored": r.get("epoch"),
             "batch_s": r.get("batch_s"),
             "replay_restore_s": r.get("replay_restore_s"),
-            # nosync: the keyed state's load in the background, and how long the replay waited on it
+            # nosync: the keyed state's load in the background, the keys read alone meanwhile, and how
+            # long a key waited for the load (one read alone would have decoded a large run)
             "load_s": r.get("load_s"),
             "keys_read_alone": r.get("keys_read_alone"),
+            "load_wait_s": r.get("load_wait_s"),
             "records_replayed": r.get("records_replayed"),
             "span_records": r.get("span_records"),
             "span_steps": r.get("span_steps"),

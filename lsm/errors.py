@@ -46,6 +46,15 @@ class RetentionError(LsmError):
         self.horizon = horizon
 
 
+class LookupTooDearError(LsmError):
+    """A `get` given `max_decode` would have decoded more of a run than that (its value column,
+    or an append's run whole, not decoded before): the caller reads the state another way."""
+
+    def __init__(self, path: str, nbytes: int, limit: int) -> None:
+        super().__init__(f"a look-up in {path} would decode {nbytes:,} bytes of a run (max_decode {limit:,})")
+        self.nbytes = nbytes
+
+
 class KeyEncodingError(LsmError):
     """A key is not of a type the store can order (None, bool, int64, float, str, bytes, tuples)."""
 

@@ -222,6 +222,10 @@ class PendingRun:
         v = self.latest().get(key, MISSING)
         return v if v is MISSING else own(v)
 
+    def lookup_cost(self) -> int:
+        """The bytes a look-up would decode first: none once the run's dict is built."""
+        return 0 if self._latest is not None else len(self.pairs_b) + len(self.values_b)
+
     def latest(self) -> dict:
         """Each key's version in the run (a deletion as TOMBSTONE), as a dict built once. The
         values are the run's: a caller hands out `own` copies of them."""
@@ -411,6 +415,14 @@ class RunView:
         if self._hkeys is None:
             self._hkeys = unpack_keys(self._raw("h_keys"))
         return self._hkeys
+
+    def lookup_cost(self) -> int:
+        """The bytes a look-up would decode first: an append's run whole until its dict is
+        built; a merged run's value column until it is decoded (its history's are not counted:
+        an as-of read that old is rare)."""
+        if not self.hashed:
+            return 0 if self._latest is not None else len(self.data)
+        return 0 if self._values is not None or not self.n else len(self._raw("values"))
 
     def latest(self) -> dict:
         """An append's run (not hashed): each key's version in it (a deletion as TOMBSTONE),

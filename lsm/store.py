@@ -43,6 +43,7 @@ from lsm.disk import DiskTier, RunRef
 from lsm.errors import (
     CorruptLogError,
     KeyEncodingError,
+    LookupTooDearError,
     LsmError,
     PersistError,
     RetentionError,
@@ -545,11 +546,16 @@ class Store:
                 self._views_bytes -= old.nbytes
         return v
 
-    def get(self, state: Any, key: Any, as_of: int | None = None, default: Any = None) -> Any:
+    def get(
+        self, state: Any, key: Any, as_of: int | None = None, default: Any = None, max_decode: int | None = None
+    ) -> Any:
         """The value of `key` in `state` right after seq `as_of` (None: now), or `default`.
 
         Raises RetentionError for an `as_of` older than the retention horizon. The returned
-        object is the caller's: changing it changes nothing in the store.
+        object is the caller's: changing it changes nothing in the store. With `max_decode`,
+        raises LookupTooDearError instead of decoding more than that many bytes of a run not
+        decoded before (a look-up in a run of millions of keys decodes its value column once,
+        which a caller loading the whole state meanwhile would rather wait for).
         """
         view = self._view  # before the horizon check: a merge past as_of publishes after moving it
         if type(as_of) is int and not self._closed and as_of >= self._disk.horizon:
@@ -575,6 +581,8 @@ class Store:
                     ref = run
                     if type(run) is RunRef:
                         run = self._views.get((run.state, run.lo, run.hi)) or self._run_view(run, view[2])
+                    if max_decode is not None and (cost := run.lookup_cost()) > max_decode:
+                        raise LookupTooDearError(self.path, cost, max_decode)
                     if run.hashed:
                         if h is None:
                             h = self._key_hash(key)

@@ -31,6 +31,11 @@ FULL_AFTER = 1.0
 """An operator that logs its updates writes its whole state at a snapshot, not its changes,
 once the updates logged since it last did outnumber its keys by this factor: about as many
 bytes, and a restore then reads one run of the state, not every run since the last merge."""
+FULL_MAX_KEYS = 1_000_000
+"""A state of more keys is never taken whole: one run of millions of keys is packed on the
+processing thread in one call (seconds), passes `--max-unpersisted-mb` (the sources wait for
+it), and a key read alone from it decodes it whole; its changes, merged by size tiers, cost
+less."""
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
@@ -161,9 +166,9 @@ class _LogsOutput(KeyedOp):
     half the updates noted were of keys not noted before, they are logged again. Either way a
     snapshot's run holds the pairs logged, then the changed keys, the latter winning.
 
-    Once the updates since the state was last taken whole outnumber its keys (FULL_AFTER),
-    the next snapshot takes it whole instead (`take_full`: one run of every live key, which
-    a restore reads alone), and the updates until then are not noted at all: processing a
+    Once the updates since the state was last taken whole outnumber its keys (FULL_AFTER), and
+    it holds at most FULL_MAX_KEYS, the next snapshot takes it whole instead (`take_full`: one
+    run of every live key, which a restore reads alone), and the updates until then are not noted at all: processing a
     record then costs nothing here. So does the next interval's, when the one before had
     more updates than keys. That holds from the start, and after a restore once the state was
     taken whole again: until then the updates are noted as changed keys meanwhile, in case it
@@ -197,7 +202,8 @@ class _LogsOutput(KeyedOp):
             return
         self._noted += len(out)
         self._since_full += len(out)
-        if not self.full_due and self._since_full > self.full_after * len(self.state):
+        n = len(self.state)
+        if not self.full_due and self._since_full > self.full_after * n and n <= FULL_MAX_KEYS:
             self.full_due = True
         if self.full_due and self._whole_ok:
             # the next snapshot takes the state whole: nothing to note per record meanwhile

@@ -126,6 +126,7 @@ class NosyncMode(Mode):
                     r["replay_restore_s"] = max(r.get("replay_restore_s", 0.0), float(msg["restore_s"]))
                     r["load_s"] = max(r.get("load_s", 0.0), float(msg.get("load_s", 0.0)))
                     r["keys_read_alone"] = r.get("keys_read_alone", 0) + int(msg.get("keys_read_alone", 0))
+                    r["load_wait_s"] = max(r.get("load_wait_s", 0.0), float(msg.get("load_wait_s", 0.0)))
                     if self.threshold:
                         r["span_steps"] = int(msg.get("span_steps", 0))
                         r["span_records"] = int(msg.get("span_records", 0))

@@ -139,7 +139,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self.restore_s = 0.0
         self.restore_meta_s = 0.0
         self.keys_read_alone = 0
-        self.load_s = 0.0
+        self.load_s = self.load_wait_s = 0.0
         self.outlog: OutputLog | None = None
         self.level_marks: deque = deque()
         """(seq, time) of appends some level does not hold yet."""

@@ -40,6 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lineage import LineageError, recovery_plan
+from lsm import LookupTooDearError
 from nosync.codec import unpack
 from nosync.errors import RunFailed
 from nosync.modes.nosync import span
@@ -54,6 +55,9 @@ if TYPE_CHECKING:
     from nosync.runtime.worker import Worker
 
 REPLAY_TIMEOUT_S = 120.0
+DECODE_ALONE_BYTES = 8 << 20
+"""A key is read alone from the store while that decodes at most this much of a run it was not
+decoded from before; past it, the key is taken from the bulk load, waited for (`BulkLoader`)."""
 POLL_S = 0.005
 """How often a replay takes the frames and control messages that arrived."""
 
@@ -92,6 +96,7 @@ def recover(h: Any, worker: Worker) -> None:
             restore_s=h.restore_s,
             restore_meta_s=h.restore_meta_s,
             keys_read_alone=h.loader.keys_read_alone() if h.loader is not None else h.keys_read_alone,
+            load_wait_s=h.loader.waited_s if h.loader is not None else h.load_wait_s,
             load_s=h.load_s,
             span_steps=h.span_steps,
             span_records=h.span_records,
@@ -173,10 +178,32 @@ class BulkLoader:
         self.read_alone = 0
         """Keys read alone (a record touched them) before their operator's load was installed."""
         self._stop = False
+        self.waited_s = 0.0
+        """How long the processing thread waited for a load (`_read_alone`)."""
         for i, op in ops:
-            op.lazy(lambda key, i=i: store.get(i, key, as_of=as_of, default=MISSING_STATE), raw=True)
+            op.lazy(lambda key, i=i: self._read_alone(i, key), raw=True)
         self._thread = threading.Thread(target=self._run, name="nosync-bulk-load", daemon=True)
         self._started = False
+
+    def _read_alone(self, i: int, key: Any) -> Any:
+        """The state of `key` in operator `i`, read alone from the store; or, when that would
+        decode more of a run than DECODE_ALONE_BYTES (a run of the whole state, a merged run's
+        value column: what the load decodes anyway), taken from the load once it is done."""
+        if i not in self.done:
+            try:
+                return self.store.get(i, key, as_of=self.as_of, default=MISSING_STATE, max_decode=DECODE_ALONE_BYTES)
+            except LookupTooDearError:
+                t0 = time.perf_counter()
+                self.start()
+                while i not in self.done and self.error is None and self._thread.is_alive():
+                    self._thread.join(POLL_S)
+                self.waited_s += time.perf_counter() - t0
+        if self.error is not None:
+            raise RunFailed(f"loading the keyed state of operator {i}: {self.error}") from self.error
+        loaded = self.done.get(i)
+        if loaded is None:  # stopped before this operator's load
+            return self.store.get(i, key, as_of=self.as_of, default=MISSING_STATE)
+        return loaded.get(key, MISSING_STATE)
 
     def start(self) -> None:
         """Starts the load (once). `recover` starts it after the worker reported itself
@@ -220,6 +247,7 @@ class BulkLoader:
             worker.hooks.loader = None
             worker.hooks.load_s = self.seconds
             worker.hooks.keys_read_alone = self.read_alone
+            worker.hooks.load_wait_s = self.waited_s
             gc.freeze()  # the loaded state too lives as long as the generation (`Worker._loop`)
         return not self.ops
 

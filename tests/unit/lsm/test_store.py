@@ -26,6 +26,7 @@ import pytest
 from lsm import (
     TOMBSTONE,
     KeyEncodingError,
+    LookupTooDearError,
     LsmError,
     RetentionError,
     SeqOrderError,
@@ -1695,3 +1696,27 @@ def test_background_merges_free_the_space_of_the_runs_they_remove(open_store: Op
         assert tier_bytes(s.path) < 0.25 * written and live < 0.05 * written
     else:
         assert s.stats.files_rewritten == 0 and tier_bytes(s.path) > 0.25 * written
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_a_get_with_max_decode_refuses_to_decode_more_of_a_run(open_store: OpenStore, indexed: bool) -> None:
+    """An append's run of 1,000 keys, in memory or on the disk tier, then merged with a second:
+    a get whose look-up would first decode more of a run than `max_decode` raises
+    LookupTooDearError naming the bytes; once a plain get decoded it, the same get answers."""
+    s = open_store(retention=0)
+    s.append(1, {"st": {f"k{i}": "v" * 20 for i in range(1000)}})
+    if indexed:
+        index_all(s)
+    with pytest.raises(LookupTooDearError) as e:
+        s.get("st", "k5", max_decode=1000)
+    assert e.value.nbytes > 20_000
+    assert s.get("st", "k5", max_decode=1 << 20) == "v" * 20  # within the bound
+    assert s.get("st", "k6", max_decode=0) == "v" * 20  # its dict is built: nothing to decode
+    s.append(2, {"st": {"k5": "new"}})
+    s.compact()
+    index_all(s)
+    assert [(lo, hi) for lo, hi, _ in s.runs("st")] == [(1, 2)], "the two runs were not merged"
+    with pytest.raises(LookupTooDearError):
+        s.get("st", "k7", max_decode=1000)  # the merged run's value column, not decoded yet
+    assert s.get("st", "k7") == "v" * 20
+    assert s.get("st", "k5", max_decode=0) == "new"

@@ -748,3 +748,58 @@ def test_updates_are_not_noted_while_the_state_is_to_be_taken_whole(tmp_path):
     store.append(2, {"c": u})
     assert store.load("c") == dict(counts)
     store.close()
+
+
+def test_a_state_of_more_keys_than_full_max_keys_is_never_taken_whole(tmp_path, monkeypatch):
+    """Past FULL_MAX_KEYS (lowered here to 10), updates that outnumber the keys many times over
+    still make snapshots of changes, never a run of the whole state; the store holds the counts."""
+    monkeypatch.setattr("nosync.runtime.keyed.FULL_MAX_KEYS", 10)
+    op, counts, store, push = counting(tmp_path)
+    for seq in range(1, 4):
+        push([(f"k{i % 20}", 1) for i in range(100)], seq - 1)  # 100 updates of 20 keys
+        u = op.take_updates()
+        assert not u.full
+        store.append(seq, {"c": u})
+    assert store.load("c") == dict(counts) == {f"k{i}": 15 for i in range(20)}
+    store.close()
+
+
+def bulk_loading(tmp_path, decode_alone: int, monkeypatch):
+    """A count of 5,000 keys saved at seq 1 (every key at 7), and a restored count whose state a
+    BulkLoader loads (not started), reading keys alone up to `decode_alone` bytes of a run."""
+    from nosync.modes.nosync import recovery
+
+    monkeypatch.setattr(recovery, "DECODE_ALONE_BYTES", decode_alone)
+    _, _, store, _ = counting(tmp_path)
+    store.append(1, {0: lsm.Updates([f"k{i}" for i in range(5000)], [7] * 5000)})
+    restored, _, _, _ = counting(tmp_path / "again")
+    return recovery.BulkLoader(store, [(0, restored)], as_of=1), restored, store
+
+
+def test_a_key_read_alone_while_the_state_loads_costs_no_load(tmp_path, monkeypatch):
+    loader, op, store = bulk_loading(tmp_path, 1 << 30, monkeypatch)
+    op.push([("k3", 1), ("new", 1)], 0, C0)
+    assert op.state == {"k3": 8, "new": 1}
+    assert not loader._started and loader.waited_s == 0.0
+    store.close()
+
+
+def test_a_key_whose_read_would_decode_a_large_run_is_taken_from_the_load(tmp_path, monkeypatch):
+    """A key whose look-up would decode more of a run than DECODE_ALONE_BYTES (0 here: any run
+    not decoded yet) waits for the bulk load and takes its value from it; the loaded state,
+    installed, keeps the keys the records changed meanwhile."""
+    loader, op, store = bulk_loading(tmp_path, 0, monkeypatch)
+    op.push([("k3", 1), ("k3", 1), ("new", 1)], 0, C0)
+    assert loader._started and 0 in loader.done, "the key did not wait for the load"
+    assert op.state == {"k3": 9, "new": 1}
+
+    class Hooks:
+        loader = None
+
+    class W:
+        hooks = Hooks()
+
+    W.hooks.loader = loader
+    assert loader.install_done(W)
+    assert len(op.state) == 5001 and op.state["k3"] == 9 and op.state["k4"] == 7 and op.state["new"] == 1
+    store.close()
