@@ -18,7 +18,7 @@ interval_option = click.option(
     type=click.IntRange(min=1),
     default=1000,
     show_default=True,
-    help="abs's checkpoint interval and nosync's persistence interval alike.",
+    help="abs's checkpoint interval and nosync's snapshot interval alike (nosync's not stretched by its budget).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print only the JSON object.")
 
