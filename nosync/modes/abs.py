@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from lsm import ValueEncodingError
 from nosync import storage
 from nosync.errors import RunFailed
-from nosync.modes.base import Mode
+from nosync.modes.base import Mode, persist_cpu, persist_share, workers_metrics
 from nosync.options import RunOptions
 from nosync.places import shared_of
 from nosync.runtime import control
@@ -567,9 +567,8 @@ class AbsMode(Mode):
                 return None
             return durations[min(len(durations) - 1, int(q * len(durations)))]
 
-        per = [d.get("metrics", {}).get("mode", {}) for d in coord.done.values()]
-        cpu = {part: sum(m.get("persist_cpu_s", {}).get(part, 0.0) for m in per) for part in PERSIST_PARTS}
-        processing = max((float(d.get("seconds", 0.0)) for d in coord.done.values()), default=0.0)
+        per = workers_metrics(coord)
+        cpu = persist_cpu(per, PERSIST_PARTS)
         return {
             "checkpoints_completed": len(self.completed_rows),
             "checkpoints_aborted": self.aborted,
@@ -580,7 +579,7 @@ class AbsMode(Mode):
             "backedge_log_bytes_max": max((r["backedge_bytes"] for r in self.completed_rows), default=0),
             "bytes_persisted": sum(m.get("bytes_persisted", 0) for m in per),
             "persist_cpu_s": cpu,
-            "persist_share": sum(cpu.values()) / (processing * len(per)) if processing and per else 0.0,
+            "persist_share": persist_share(coord, sum(cpu.values())),
             "stall_ms_max": max((r.get("align_ms", 0.0) for r in self.instance_rows), default=0.0),
             "sync_ms_max": max((r.get("sync_ms", 0.0) for r in self.instance_rows), default=0.0),
             "held_records_max": max((r.get("held", 0) for r in self.instance_rows), default=0),

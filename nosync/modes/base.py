@@ -8,6 +8,24 @@ from nosync.options import RunOptions
 from nosync.runtime.hooks import WorkerHooks
 
 
+def workers_metrics(coordinator: Any) -> list[dict]:
+    """The mode's metrics of each worker that finished (`WorkerHooks.metrics`, sent in Done)."""
+    return [d.get("metrics", {}).get("mode", {}) for d in coordinator.done.values()]
+
+
+def persist_cpu(per: list[dict], parts: tuple[str, ...]) -> dict[str, float]:
+    """The workers' persistence CPU (`persist_cpu_s` of each one's metrics `per`), summed by part."""
+    return {part: sum(m.get("persist_cpu_s", {}).get(part, 0.0) for m in per) for part in parts}
+
+
+def persist_share(coordinator: Any, seconds: float) -> float:
+    """`seconds` of the workers' persistence as a share of their time: the longest worker's
+    processing time, once per worker that finished (0.0 before any did)."""
+    processing = max((float(d.get("seconds", 0.0)) for d in coordinator.done.values()), default=0.0)
+    workers = len(coordinator.done)
+    return seconds / (processing * workers) if processing and workers else 0.0
+
+
 class Mode:
     """The driver half of a mode."""
 

@@ -168,9 +168,9 @@ class _LogsOutput(KeyedOp):
 
     Once the updates since the state was last taken whole outnumber its keys (FULL_AFTER), and
     it holds at most FULL_MAX_KEYS, the next snapshot takes it whole instead (`take_full`: one
-    run of every live key, which a restore reads alone), and the updates until then are not noted at all: processing a
-    record then costs nothing here. So does the next interval's, when the one before had
-    more updates than keys. That holds from the start, and after a restore once the state was
+    run of every live key, which a restore reads alone), and the updates until then are not
+    noted at all: processing a record then costs nothing here. So does the next interval's,
+    when the one before had more updates than keys. That holds from the start, and after a restore once the state was
     taken whole again: until then the updates are noted as changed keys meanwhile, in case it
     cannot be (a restore still loading it). Should it not be after all, every key counts as
     changed, once (these operators never delete a key), and updates are noted again until a

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from lineage import safe_point
-from nosync.modes.base import Mode
+from nosync.modes.base import Mode, persist_cpu, persist_share, workers_metrics
 from nosync.modes.nosync.hooks import NosyncHooks
 from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.span import run_span
@@ -264,12 +264,11 @@ class NosyncMode(Mode):
     def summary(self, coord: Any) -> dict:
         """Totals and maxima of the workers' persistence metrics, the safe
         point, and the recoveries."""
-        per = [d.get("metrics", {}).get("mode", {}) for d in coord.done.values()]
+        per = workers_metrics(coord)
 
         def total(k: str) -> Any:
             return sum(m.get(k, 0) for m in per)
 
-        processing = max((float(d.get("seconds", 0.0)) for d in coord.done.values()), default=0.0)
         return {
             "stall_ms_max": max((m.get("persist_stall_s", 0.0) * 1000 for m in per), default=0.0),
             "checkpoint_bytes": total("snapshot_bytes"),
@@ -281,16 +280,13 @@ class NosyncMode(Mode):
             "lineage_points_logged_here": total("lineage_points_logged_here"),
             "open_precommits": total("open_precommits"),
             "snapshots_over_budget": total("over_budget"),
-            "persist_share": total("persist_s") / (processing * len(per)) if processing and per else 0.0,
+            "persist_share": persist_share(coord, total("persist_s")),
             "interval_ms_mean": 1000 * max((m.get("interval_s_mean", 0.0) for m in per), default=0.0),
             "interval_ms_max": 1000 * max((m.get("interval_s_max", 0.0) for m in per), default=0.0),
             "recovery_span_ms_max": 1000 * max((m.get("span_s_max", 0.0) for m in per), default=0.0),
             "recovery_span_records_max": max((m.get("span_records_max", 0) for m in per), default=0),
             "merges": total("merges"),
-            "persist_cpu_s": {
-                part: sum(m.get("persist_cpu_s", {}).get(part, 0.0) for m in per)
-                for part in ("snapshots", "store", "merges", "replicas")
-            },
+            "persist_cpu_s": persist_cpu(per, ("snapshots", "store", "merges", "replicas")),
             "replayed_steps": total("replayed_steps"),
             "frames_dropped_as_replayed": total("dropped_frames"),
             "lineage_frames": total("lineage_frames"),
