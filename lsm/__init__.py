@@ -7,7 +7,8 @@ encoded by one msgpack call (an append's run is neither hashed nor sorted: a mer
 sorted key-hash column); no Python runs per key on the caller's thread or in the background.
 Reads name a seq inside the retention window: `get(state, key, as_of=s)` looks in the state's
 runs newest first (an append's run as a dict decoded once; a merged run by binary search of its
-hashes, whose range skips runs that cannot hold the key); `load(state, as_of=s)` applies the
+hashes, whose range skips runs that cannot hold the key, then one block of 64 keys and values
+decoded); `load(state, as_of=s)` applies the
 runs in order, each by `dict.update` over its decoded columns. `rollback(s)` makes the store
 exactly what it was after s, on every tier.
 
@@ -22,7 +23,7 @@ every version a read inside the retention window can see.
 On open, a torn log tail is cut back to the last intact record; damage in the middle raises
 CorruptLogError with the file and offset, a damaged run with the store, state and seq. One
 process owns a store directory (StoreLockedError for the next). FORMAT.md defines every byte
-written, and its version (3).
+written, and its version (4).
 """
 
 from lsm.codec import TOMBSTONE

@@ -187,6 +187,19 @@ def pack_column(values: list) -> tuple[bytes, bool, bool]:
     return pack_values(values), _local.tombstones, False
 
 
+def pack_blocks(values: list, block: int) -> tuple[list[bytes], bool]:
+    """A value column as blocks of `block` values, each a column of its own (`pack_column`),
+    and whether they are all tuple columns: one block that is not makes every block a plain
+    one, so that one flag tells how to read any of them."""
+    parts = []
+    for i in range(0, len(values), block):
+        b = _tuple_column(values[i : i + block]) if type(values[i]) is tuple else None
+        if b is None:
+            return [pack_values(values[j : j + block]) for j in range(0, len(values), block)], False
+        parts.append(b)
+    return parts, bool(parts)
+
+
 def unpack_values(data: bytes) -> Any:
     """The value `pack_values` wrote: lists as lists, tuples as tuples, TOMBSTONE for a deletion."""
     return msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=False, ext_hook=_ext_hook)

@@ -287,8 +287,7 @@ class Compactor:
                 gone = {r.hi for r in removed}
                 kept = [r for r in s._catalog.get(sb, ()) if r.hi not in gone]
                 s._catalog[sb] = tuple(sorted([*kept, *new], key=lambda r: r.hi))
-                for r in removed:
-                    s._views.pop((r.state, r.lo, r.hi), None)
+                s._drop_views(removed)
                 s._publish_locked()
                 s.stats.merges += 1
                 s.stats.merged_bytes += len(data)

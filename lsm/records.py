@@ -20,7 +20,7 @@ import xxhash
 
 from lsm.errors import CorruptLogError, FormatVersionError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 SEGMENT_MAGIC = b"NSLSMLOG"
 SEGMENT_HEADER = struct.Struct("<8sII")
 RECORD_MAGIC = b"LSMR"

@@ -11,13 +11,18 @@ block holds the newest version of every key (what `load` applies), its *history*
 older versions that some read at or after the retention horizon can still see (what an as-of
 read inside the run's seq range needs). FORMAT.md defines the bytes.
 
+A merged run's latest key and value columns are in blocks of BLOCK entries, each a msgpack
+array of its own, with the start of every block in a section of their own.
+
 `RunView` reads an encoded run without copying it: the fixed-width columns are numpy views of
-the bytes, the msgpack columns are decoded on first use. `get` is a binary search of the hash
-column; `apply` is `dict.update(zip(keys, values))` and one `pop` per deletion.
+the bytes, the msgpack columns are decoded on first use. `lookup` is a binary search of the hash
+column, then one block of each column decoded; `apply` is `dict.update(zip(keys, values))`, a
+block at a time in a merged run, and one `pop` per deletion.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 from operator import eq, itemgetter
 from typing import Any
@@ -29,6 +34,7 @@ import xxhash
 from lsm.codec import (
     TOMBSTONE,
     key_hashes,
+    pack_blocks,
     pack_column,
     pack_keys,
     pack_values,
@@ -39,7 +45,7 @@ from lsm.codec import (
 from lsm.errors import CorruptLogError, FormatVersionError
 
 RUN_MAGIC = b"NSRN"
-RUN_VERSION = 3
+RUN_VERSION = 4
 MULTI = 1
 """Flag: the run holds a seq column and a history block (a merge wrote it)."""
 HASHED = 2
@@ -54,11 +60,12 @@ TUPLES = 8
 tuple."""
 H_TUPLES = 16
 """Flag: the h_values section is a tuple column."""
-HEADER = struct.Struct("<4sHHQQIIIIQQQ11I")
+HEADER = struct.Struct("<4sHHQQIIIIQQQII12I")
 SECTIONS = (
     "pairs",
     "hashes",
     "order",
+    "blocks",
     "keys",
     "values",
     "dels",
@@ -74,6 +81,11 @@ _U64 = np.dtype("<u8")
 _U32 = np.dtype("<u4")
 APPLY_SLICE = 100_000
 """Pairs a run puts into a dict per `dict.update` (`Run.apply`)."""
+BLOCK = 64
+"""Entries per block of a merged run's latest key and value columns (FORMAT.md): a point
+look-up decodes one block of each, about 6 us for 100-byte values, where a whole column of
+millions of keys took seconds; a load decodes the blocks in turn, letting other threads run
+between two."""
 
 
 def _bounds(sorted_hashes: np.ndarray) -> tuple[int, int]:
@@ -105,9 +117,26 @@ def _assemble(
     hmax: int,
     sections: list[bytes],
     npairs: int = 0,
+    block: int = 0,
 ) -> bytes:
     body = b"".join(sections)
-    fields = [RUN_MAGIC, RUN_VERSION, flags, lo, hi, n, ndel, nhist, npairs, hmin, hmax, 0, *(len(s) for s in sections)]
+    fields = [
+        RUN_MAGIC,
+        RUN_VERSION,
+        flags,
+        lo,
+        hi,
+        n,
+        ndel,
+        nhist,
+        npairs,
+        hmin,
+        hmax,
+        0,
+        block,
+        0,
+        *(len(s) for s in sections),
+    ]
     head = HEADER.pack(*fields)
     fields[11] = _checksum(head, body)
     return HEADER.pack(*fields) + body
@@ -261,6 +290,7 @@ class PendingRun:
             self.pairs_b,
             b"",
             b"",
+            b"",
             self.keys_b,
             self.values_b,
             np.asarray(self.dels, dtype=_U32).tobytes(),
@@ -293,11 +323,14 @@ class RunView:
         "hmax",
         "hashed",
         "full",
+        "block",
         "_latest",
         "_off",
         "_keys",
-        "_values",
+        "_kofs",
+        "_vofs",
         "_hkeys",
+        "_hhashes",
         "_hvalues",
         "_hashes",
         "_order",
@@ -307,8 +340,8 @@ class RunView:
         if len(data) < HEADER.size:
             raise CorruptLogError(where, 0, f"run shorter than its header ({len(data)} bytes)")
         fields = HEADER.unpack_from(data, 0)
-        magic, version, flags, lo, hi, n, ndel, nhist, npairs, hmin, hmax, checksum = fields[:12]
-        lengths = fields[12:]
+        magic, version, flags, lo, hi, n, ndel, nhist, npairs, hmin, hmax, checksum, block = fields[:13]
+        lengths = fields[14:]
         if magic != RUN_MAGIC:
             raise CorruptLogError(where, 0, "not a run (bad magic)")
         if version != RUN_VERSION:
@@ -326,6 +359,7 @@ class RunView:
         self.hmin, self.hmax = hmin, hmax
         self.hashed = bool(flags & HASHED)
         self.full = bool(flags & FULL)
+        self.block = block
         self._latest: dict | None = None
         off = {}
         pos = HEADER.size
@@ -333,8 +367,26 @@ class RunView:
             off[name] = (pos, pos + ln)
             pos += ln
         self._off = off
-        self._keys = self._values = self._hkeys = self._hvalues = None
-        self._hashes = self._order = None
+        self._keys = self._hkeys = self._hvalues = None
+        self._hashes = self._order = self._kofs = self._vofs = self._hhashes = None
+        if block:
+            self._check_blocks(lengths[SECTIONS.index("keys")], lengths[SECTIONS.index("values")])
+        elif lengths[SECTIONS.index("blocks")]:
+            raise CorruptLogError(where, 0, "run has a blocks section but no block size")
+
+    def _check_blocks(self, keys_len: int, values_len: int) -> None:
+        """The blocks section is the starts of each block in the key column, then in the value
+        column, each closed by its column's length, nowhere going back."""
+        nb = -(-self.n // self.block)
+        a, b = self._off["blocks"]
+        if b - a != 16 * (nb + 1):
+            raise CorruptLogError(self.where, a, f"blocks section of {b - a} bytes for {nb} blocks")
+        both = np.frombuffer(self._raw("blocks"), dtype=_U64)
+        kofs, vofs = both[: nb + 1], both[nb + 1 :]
+        for ofs, total, name in ((kofs, keys_len, "key"), (vofs, values_len, "value")):
+            if ofs[0] != 0 or ofs[-1] != total or bool(np.any(ofs[1:] < ofs[:-1])):
+                raise CorruptLogError(self.where, a, f"the {name} column's block offsets do not cover it")
+        self._kofs, self._vofs = kofs.tolist(), vofs.tolist()
 
     @property
     def nbytes(self) -> int:
@@ -348,12 +400,19 @@ class RunView:
     def _u64(self, name: str) -> np.ndarray:
         return np.frombuffer(self._raw(name), dtype=_U64)
 
+    def _searchable(self, name: str) -> np.ndarray:
+        """A u64 section to binary-search: numpy copies an unaligned array whole at every
+        `searchsorted` (a millisecond a look-up at 2M keys), so such a section is copied
+        once, aligned."""
+        a = self._u64(name)
+        return a if a.flags.aligned else a.copy()
+
     @property
     def hashes(self) -> np.ndarray:
         """The sorted key-hash column of the latest block (empty in an append's run), a view of the
         bytes made once."""
         if self._hashes is None:
-            self._hashes = self._u64("hashes")
+            self._hashes = self._searchable("hashes")
         return self._hashes
 
     @property
@@ -380,20 +439,36 @@ class RunView:
     def keys(self) -> tuple:
         """The key column of the latest block, decoded once."""
         if self._keys is None:
-            self._keys = unpack_keys(self._raw("keys")) if self.n else ()
+            if not self.n:
+                self._keys = ()
+            elif self.block:
+                self._keys = tuple(itertools.chain.from_iterable(map(self._key_block, range(len(self._kofs) - 1))))
+            else:
+                self._keys = unpack_keys(self._raw("keys"))
         return self._keys
 
     @property
     def values(self) -> list:
         """The value column, decoded anew: the caller owns what it gets (nothing it changes
         can reach what the store reads later)."""
-        return unpack_column(self._raw("values"), bool(self.flags & TUPLES)) if self.n else []
+        if not self.n:
+            return []
+        if self.block:
+            out: list = []
+            for b in range(len(self._vofs) - 1):
+                out += self._value_block(b)
+            return out
+        return unpack_column(self._raw("values"), bool(self.flags & TUPLES))
 
-    def _cached_values(self) -> list:
-        """The value column decoded once, for look-ups: never handed out (`own`)."""
-        if self._values is None:
-            self._values = self.values
-        return self._values
+    def _key_block(self, b: int) -> tuple:
+        """The keys of block `b` of a blocked run, decoded anew."""
+        a, z = self._off["keys"]
+        return unpack_keys(memoryview(self.data)[a + self._kofs[b] : a + self._kofs[b + 1]])
+
+    def _value_block(self, b: int) -> list:
+        """The values of block `b` of a blocked run, decoded anew (the caller's to change)."""
+        a, z = self._off["values"]
+        return unpack_column(memoryview(self.data)[a + self._vofs[b] : a + self._vofs[b + 1]], bool(self.flags & TUPLES))
 
     @property
     def history(self) -> tuple[tuple, list, np.ndarray, np.ndarray]:
@@ -418,11 +493,11 @@ class RunView:
 
     def lookup_cost(self) -> int:
         """The bytes a look-up would decode first: an append's run whole until its dict is
-        built; a merged run's value column until it is decoded (its history's are not counted:
-        an as-of read that old is rare)."""
+        built; a merged run's, one block of each column, counted as none (its history's are
+        not counted: an as-of read that old is rare)."""
         if not self.hashed:
             return 0 if self._latest is not None else len(self.data)
-        return 0 if self._values is not None or not self.n else len(self._raw("values"))
+        return 0
 
     def latest(self) -> dict:
         """An append's run (not hashed): each key's version in it (a deletion as TOMBSTONE),
@@ -448,17 +523,21 @@ class RunView:
         i = int(np.searchsorted(hashes, hu, "left"))
         j = int(np.searchsorted(hashes, hu, "right"))
         if i < j:
-            keys = self.keys
             found = -1
+            block = self.block
             for c in self.order[i:j].tolist():
-                if keys[c] == key and c > found:
+                if (self._key_block(c // block)[c % block] if block else self.keys[c]) == key and c > found:
                     found = c  # the last column of a key is its newest version in the run
             if found >= 0:
                 seq = int(self._u64("seqs")[found]) if self.flags & MULTI else self.hi
                 if seq <= as_of:
-                    return own(self._cached_values()[found])
+                    if block:
+                        return self._value_block(found // block)[found % block]  # decoded anew
+                    return self.values[found]
         if self.nhist and as_of < self.hi:
-            hkeys, hseqs, hhashes = self._history_keys(), self._u64("h_seqs"), self._u64("h_hashes")
+            if self._hhashes is None:
+                self._hhashes = self._searchable("h_hashes")
+            hkeys, hseqs, hhashes = self._history_keys(), self._u64("h_seqs"), self._hhashes
             i = int(np.searchsorted(hhashes, hu, "left"))
             j = int(np.searchsorted(hhashes, hu, "right"))
             for x in range(i, j):
@@ -474,6 +553,9 @@ class RunView:
         if as_of is None or as_of >= self.hi:
             if self.npairs:
                 d.update(self.pairs())
+            if self.block:
+                self._apply_blocks(d, keep_deletions)
+                return
             keys = self.keys
             values = self.values
             if len(keys) != len(values):
@@ -493,6 +575,19 @@ class RunView:
                 d.pop(k, None)
             else:
                 d[k] = v
+
+    def _apply_blocks(self, d: dict, keep_deletions: bool) -> None:
+        """`apply` of a blocked run, a block at a time: nothing but one block's keys and
+        values is decoded at once, and other threads run between two blocks."""
+        for b in range(len(self._kofs) - 1):
+            keys, values = self._key_block(b), self._value_block(b)
+            if len(keys) != len(values):
+                raise CorruptLogError(self.where, 0, f"block {b} holds {len(keys)} keys and {len(values)} values")
+            d.update(zip(keys, values))
+        if self.ndel and not keep_deletions:
+            pop, block = d.pop, self.block
+            for i in self.dels.tolist():
+                pop(self._key_block(i // block)[i % block], None)
 
     def as_of(self, as_of: int) -> dict:
         """Every key's newest version at or below `as_of` in this run (TOMBSTONE included)."""
@@ -630,15 +725,18 @@ def _build(
     lat_h = H[lat]
     lat_dels = np.flatnonzero(deleted[keep_latest]).astype(_U32)
     hmin, hmax = _bounds(lat_h)
-    lat_b, _, lat_tuples = pack_column(lat_values)
+    key_blocks = [pack_keys(lat_keys[i : i + BLOCK]) for i in range(0, len(lat_keys), BLOCK)]
+    value_blocks, lat_tuples = pack_blocks(lat_values, BLOCK)
     hist_b, _, hist_tuples = pack_column(hist_values)
     flags |= (TUPLES if lat_tuples else 0) | (H_TUPLES if hist_tuples else 0)
+    starts = [np.cumsum([0, *map(len, parts)], dtype=np.int64) for parts in (key_blocks, value_blocks)]
     sections = [
         b"",
         lat_h.astype(_U64).tobytes(),
         np.arange(len(lat_keys), dtype=_U32).tobytes(),
-        pack_keys(lat_keys),
-        lat_b,
+        np.concatenate(starts).astype(_U64).tobytes(),
+        b"".join(key_blocks),
+        b"".join(value_blocks),
         lat_dels.tobytes(),
         S[lat].astype(_U64).tobytes(),
         H[hist].astype(_U64).tobytes(),
@@ -646,7 +744,9 @@ def _build(
         hist_b,
         S[hist].astype(_U64).tobytes(),
     ]
-    return _assemble(lo, hi, flags, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections)
+    return _assemble(
+        lo, hi, flags, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections, block=BLOCK
+    )
 
 
 def _is_tombstone(v: Any) -> bool:

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -64,7 +64,11 @@ LEVELS = ("memory", "disk", "remote")
 DEFAULT_REMOTE = ""
 """The manifest's name for the default remote tier, `<store>/remote`: kept relative, so a copied
 store directory does not write to the original's remote tier."""
-VIEW_CACHE_BYTES = 512 << 20
+VIEW_CACHE_BYTES = 1 << 30
+"""The bytes of disk-tier runs kept read (`_run_view`); past it the first read is dropped. A
+state's runs beyond it are read again by every look-up that reaches them, so it is sized for
+the runs of a worker's state of a few million keys (10^7 keys of 100-byte values over two
+workers: about 0.8 GB each)."""
 LOG_NOW_BYTES = 256 << 10
 """The largest append `append(log_now=True)` writes on the caller's thread."""
 
@@ -539,12 +543,22 @@ class Store:
             raise LsmError(f"store {self.path}: run of seq {ref.hi} is missing from the disk tier")
         v = RunView(data, f"{self.path}: run of state {decode_key(ref.state)[0]!r} at seq {ref.hi}")
         with self._views_lock:
+            if key in self._views:  # another thread read it meanwhile
+                return self._views[key]
             self._views[key] = v
             self._views_bytes += v.nbytes
             while self._views_bytes > VIEW_CACHE_BYTES and len(self._views) > 1:
                 _, old = self._views.popitem(last=False)
                 self._views_bytes -= old.nbytes
         return v
+
+    def _drop_views(self, refs: Iterable[RunRef]) -> None:
+        """Forgets the views of runs the disk tier no longer holds (a merge replaced them)."""
+        with self._views_lock:
+            for r in refs:
+                v = self._views.pop((r.state, r.lo, r.hi), None)
+                if v is not None:
+                    self._views_bytes -= v.nbytes
 
     def get(
         self, state: Any, key: Any, as_of: int | None = None, default: Any = None, max_decode: int | None = None
@@ -843,8 +857,9 @@ class Store:
                 for ref in refs_added:
                     cat[ref.state] = tuple(sorted((*cat.get(ref.state, ()), ref), key=lambda r: r.hi))
                 self._catalog = {sb: refs for sb, refs in cat.items() if refs}
-                self._views.clear()
-                self._views_bytes = 0
+                with self._views_lock:
+                    self._views.clear()
+                    self._views_bytes = 0
                 self._batches = [b for b in self._batches if b.seq <= to_seq]
                 self._persister.forget_encoded(to_seq)
                 self._last = to_seq
@@ -947,6 +962,7 @@ class Store:
             self._cond.notify_all()
         self._view = ((), {}, None, self._gen)
         self._views.clear()
+        self._views_bytes = 0
         self._release_handles(settle)
 
     def _release_handles(self, settle: bool = False) -> None:

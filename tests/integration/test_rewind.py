@@ -463,7 +463,7 @@ def test_a_run_whose_store_is_of_an_older_format_is_refused_naming_the_run_s_sto
     body = manifest.read_bytes()[24:]
     assert msgpack.unpackb(body)["store_id"], "not a manifest body"
     manifest.write_bytes(b"NSLSMMAN" + struct.pack("<IIQ", 2, len(body), xxhash.xxh3_64_intdigest(body)) + body)
-    said = f"{manifest}: format version 2, this build reads 3"
+    said = f"{manifest}: format version 2, this build reads 4"
     info = inspect_run(str(run_dir))
     assert [s.get("error") for s in info["stores"]] == [said, None], info["stores"]
     run, pipeline = load_run(run_dir)

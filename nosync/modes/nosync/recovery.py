@@ -10,12 +10,12 @@ The new attempt opens its store and restores:
 - the lineage points after the snapshot: the entries they persisted (its own steps up to its
   durable point, and the others' it held) and where each pre-committed its sinks;
 - keyed state in bulk (`BulkLoader`): each keyed operator's runs are decoded and applied on a
-  background thread at C speed, while the LINEAGE frames are exchanged; a replay waits for it
-  (taking its peers' frames meanwhile), since it would otherwise read most keys alone; with
-  nothing to replay the worker runs live at once, and a key a record touches before its
-  operator's load is done is read alone from the store (`Store.get`). When a load is done, the
-  loaded dict becomes the operator's state (the keys touched meanwhile win) and the per-key
-  path leaves the hot loop. Windows and joins load before the replay (a window closes over
+  background thread, a block at a time, while the LINEAGE frames are exchanged and the worker
+  replays and then runs live: a key a record touches before its operator's load is done is
+  read alone from the store (`Store.get`: a binary search and one block of 64 keys decoded in a
+  merged run), unless that would decode more than DECODE_ALONE_BYTES of an append's run, when
+  it waits for the load. When a load is done, the loaded dict becomes the operator's state (the
+  keys touched meanwhile win) and the per-key path leaves the hot loop. Windows and joins load before the replay (a window closes over
   every key; a join's sides are rebuilt from their increments).
 
 Then it exchanges one LINEAGE frame with every survivor each way: the first chan_seq to send
@@ -57,7 +57,8 @@ if TYPE_CHECKING:
 REPLAY_TIMEOUT_S = 120.0
 DECODE_ALONE_BYTES = 8 << 20
 """A key is read alone from the store while that decodes at most this much of a run it was not
-decoded from before; past it, the key is taken from the bulk load, waited for (`BulkLoader`)."""
+decoded from before (an append's run, not in blocks, is decoded whole; a merged run's block
+costs nothing); past it, the key is taken from the bulk load, waited for (`BulkLoader`)."""
 POLL_S = 0.005
 """How often a replay takes the frames and control messages that arrived."""
 
@@ -187,8 +188,8 @@ class BulkLoader:
 
     def _read_alone(self, i: int, key: Any) -> Any:
         """The state of `key` in operator `i`, read alone from the store; or, when that would
-        decode more of a run than DECODE_ALONE_BYTES (a run of the whole state, a merged run's
-        value column: what the load decodes anyway), taken from the load once it is done."""
+        decode more of a run than DECODE_ALONE_BYTES (a large append's run, which the load
+        decodes anyway), taken from the load once it is done."""
         if i not in self.done:
             try:
                 return self.store.get(i, key, as_of=self.as_of, default=MISSING_STATE, max_decode=DECODE_ALONE_BYTES)

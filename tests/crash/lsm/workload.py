@@ -159,7 +159,7 @@ def parse_segment(data: bytes, where: str = "segment") -> list[Rec]:
     """Every record of an undamaged segment; AssertionError at the first byte out of place."""
     assert data[:8] == b"NSLSMLOG", f"{where}: bad segment magic {data[:8]!r}"
     assert len(data) >= SEGMENT_HEADER_SIZE, f"{where}: shorter than its header"
-    assert struct.unpack_from("<I", data, 8)[0] == 3, f"{where}: not format version 3"
+    assert struct.unpack_from("<I", data, 8)[0] == 4, f"{where}: not format version 4"
     out: list[Rec] = []
     pos = SEGMENT_HEADER_SIZE
     while pos < len(data):

@@ -54,7 +54,7 @@ def build(records: list[tuple[int, bytes]]) -> tuple[bytes, list[int]]:
 def test_header_and_record_layout() -> None:
     """FORMAT.md's layout: the checksum is xxh3_64 of the payload seeded with its length."""
 
-    assert segment_header() == b"NSLSMLOG" + struct.pack("<II", 3, 0)
+    assert segment_header() == b"NSLSMLOG" + struct.pack("<II", 4, 0)
     packed = pack({b"\x07s\x00\x01": b"NSRN..."})
     rec = encode_record(7, packed)
     payload = struct.pack("<Q", 7) + packed
@@ -169,7 +169,7 @@ def test_wrong_file_magic_raises_corrupt_log_error() -> None:
     assert info.value.offset == 0
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 4, 0xFFFFFFFF])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 0xFFFFFFFF])
 def test_other_format_versions_raise_format_version_error(version: int) -> None:
     blob, _ = build([(1, pack({b"a": b"1"}))])
     other = b"NSLSMLOG" + struct.pack("<I", version) + blob[12:]

@@ -10,6 +10,7 @@ and xxhash directly, never with lsm.codec.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from typing import Any
@@ -27,14 +28,15 @@ from lsm import TOMBSTONE, CorruptLogError, FormatVersionError, KeyEncodingError
 from lsm.codec import pack_column, pack_keys
 from lsm.run import MISSING, PendingRun, RunView, image, join_pairs, merge, truncate
 
-HEADER = struct.Struct("<4sHHQQIIIIQQQ11I")
+HEADER = struct.Struct("<4sHHQQIIIIQQQII12I")
 """FORMAT.md's run header: magic, version, flags, lo, hi, n, ndel, nhist, npairs, hmin, hmax,
-checksum, eleven section lengths."""
-HEADER_SIZE = 108
+checksum, block, a reserved zero, twelve section lengths."""
+HEADER_SIZE = 120
 SECTIONS = (
     "pairs",
     "hashes",
     "order",
+    "blocks",
     "keys",
     "values",
     "dels",
@@ -173,9 +175,24 @@ def load(runs_oldest_first: list, as_of: int) -> dict:
 
 def fields(data: bytes) -> dict[str, Any]:
     f = HEADER.unpack_from(data, 0)
-    names = ("magic", "version", "flags", "lo", "hi", "n", "ndel", "nhist", "npairs", "hmin", "hmax", "checksum")
-    out = dict(zip(names, f[:12], strict=True))
-    out["lengths"] = dict(zip(SECTIONS, f[12:], strict=True))
+    names = (
+        "magic",
+        "version",
+        "flags",
+        "lo",
+        "hi",
+        "n",
+        "ndel",
+        "nhist",
+        "npairs",
+        "hmin",
+        "hmax",
+        "checksum",
+        "block",
+        "reserved",
+    )
+    out = dict(zip(names, f[:14], strict=True))
+    out["lengths"] = dict(zip(SECTIONS, f[14:], strict=True))
     return out
 
 
@@ -189,15 +206,49 @@ def section(data: bytes, name: str) -> bytes:
     raise KeyError(name)
 
 
+def blocks(data: bytes, name: str) -> list[bytes]:
+    """FORMAT.md: the keys or values section of a blocked run (`block` > 0) as its blocks, cut
+    where the blocks section says (n/block rounded up, plus one, u64 starts of the key column's
+    blocks, then as many of the value column's); an unblocked one as one block."""
+    f = fields(data)
+    if not f["block"]:
+        return [section(data, name)] if f["lengths"][name] else []
+    nb = -(-f["n"] // f["block"])
+    starts = np.frombuffer(section(data, "blocks"), "<u8").tolist()
+    assert len(starts) == 2 * (nb + 1)
+    mine = starts[: nb + 1] if name == "keys" else starts[nb + 1 :]
+    raw = section(data, name)
+    assert mine[0] == 0 and mine[-1] == len(raw)
+    return [raw[a:b] for a, b in itertools.pairwise(mine)]
+
+
+def column(data: bytes, name: str, use_list: bool = False) -> list:
+    """The keys or values of the latest block, decoded block by block (`blocks`); every block
+    but the last holds `block` entries."""
+    f = fields(data)
+    out: list = []
+    parts = [msgpack.unpackb(b, use_list=use_list, raw=False, strict_map_key=False) for b in blocks(data, name)]
+    if f["block"]:
+        assert all(len(p) == f["block"] for p in parts[:-1]), name
+        assert not parts or 0 < len(parts[-1]) <= f["block"], name
+    for p in parts:
+        out.extend(p)
+    return out
+
+
 def check_tuple_flags(data: bytes) -> None:
     """FORMAT.md: a values (h_values) section flagged TUPLES (H_TUPLES) is a plain msgpack array
     of arrays whose items are scalars, read back as tuples."""
     f = fields(data)
     for flag, name in ((TUPLES, "values"), (H_TUPLES, "h_values")):
         if f["flags"] & flag:
-            column = msgpack.unpackb(section(data, name), use_list=True, raw=False, strict_map_key=False)
-            assert column and all(type(v) is list for v in column), name
-            assert all(type(x) in SCALAR_TYPES for v in column for x in v), name
+            got = (
+                column(data, name, use_list=True)
+                if name == "values"
+                else msgpack.unpackb(section(data, name), use_list=True, raw=False, strict_map_key=False)
+            )
+            assert got and all(type(v) is list for v in got), name
+            assert all(type(x) in SCALAR_TYPES for v in got for x in v), name
 
 
 def check_append_layout(data: bytes) -> None:
@@ -205,9 +256,11 @@ def check_append_layout(data: bytes) -> None:
     seq or history section, and every key hash in its range."""
     f = fields(data)
     assert f["flags"] & ~TUPLES == 0 and f["lo"] == f["hi"] and f["nhist"] == 0
+    assert f["block"] == 0 and f["reserved"] == 0
     check_tuple_flags(data)
     assert (f["hmin"], f["hmax"]) == ALL_HASHES
-    assert [f["lengths"][s] for s in ("hashes", "order", "seqs", "h_hashes", "h_keys", "h_values", "h_seqs")] == [0] * 7
+    empty = ("hashes", "order", "blocks", "seqs", "h_hashes", "h_keys", "h_values", "h_seqs")
+    assert [f["lengths"][s] for s in empty] == [0] * len(empty)
     assert len(data) == HEADER_SIZE + sum(f["lengths"].values())
 
 
@@ -218,7 +271,9 @@ def check_merged_layout(data: bytes) -> None:
     assert f["flags"] & ~(TUPLES | H_TUPLES) == MULTI | HASHED
     check_tuple_flags(data)
     assert f["npairs"] == 0 and f["lengths"]["pairs"] == 0
-    keys = msgpack.unpackb(section(data, "keys"), use_list=False) if f["n"] else ()
+    assert f["reserved"] == 0 and (f["block"] > 0 or f["n"] == 0)
+    keys = column(data, "keys")
+    assert len(keys) == f["n"] == len(column(data, "values"))
     hashes = np.frombuffer(section(data, "hashes"), "<u8").tolist()
     assert hashes == sorted(spec_hash(k) for k in keys)
     assert (f["hmin"], f["hmax"]) == ((hashes[0], hashes[-1]) if hashes else (1, 0))
@@ -240,9 +295,9 @@ def test_a_run_of_one_append_is_laid_out_as_format_md_says() -> None:
     p = pending(7, columns, pairs)
     data = p.encode()
     f = fields(data)
-    assert f["magic"] == b"NSRN" and f["version"] == 3
+    assert f["magic"] == b"NSRN" and f["version"] == 4
     assert (f["lo"], f["hi"], f["n"], f["ndel"], f["nhist"], f["npairs"]) == (7, 7, 6, 1, 0, 4)
-    # the checksum covers the header's other 100 bytes (0..56, 64..108), then the body
+    # the checksum covers the header's other 112 bytes (0..56, 64..120), then the body
     assert f["checksum"] == xxhash.xxh3_64_intdigest(data[:56] + data[64:HEADER_SIZE] + data[HEADER_SIZE:])
     check_append_layout(data)
     assert section(data, "pairs") == pack_pairs(pairs)
@@ -299,6 +354,85 @@ def test_a_column_of_tuples_of_scalars_is_plain_arrays_flagged_tuples() -> None:
     assert merged.flags == MULTI | HASHED | TUPLES | H_TUPLES
     assert merged.as_of(1) == dict(one) and merged.as_of(2) == dict(one) | dict(two)
     assert all(type(v) is tuple for v in [*merged.values, *merged.history[1]])
+
+
+def many_keys(n: int) -> list[object]:
+    """n distinct keys of every key type."""
+    kinds = (lambda i: i, lambda i: f"k{i}", lambda i: f"k{i}".encode(), lambda i: ("t", i), lambda i: -i - 1)
+    return [kinds[i % len(kinds)](i) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [63, 64, 65, 1000])
+def test_a_merged_run_of_many_blocks_reads_as_its_model_block_by_block(n: int) -> None:
+    """FORMAT.md: a merged run's latest key and value columns are blocks of `block` entries,
+    cut where the blocks section says; every key, every deletion (in any block) and every
+    as-of read comes back as the model says, and a look-up decodes neither whole column."""
+    keys = many_keys(n)
+    first = [(k, (i, "v" * (i % 7))) for i, k in enumerate(keys)]
+    second = [(k, TOMBSTONE if i % 11 == 0 else (i, "w")) for i, k in enumerate(keys) if i % 3 == 0]
+    model = Versions([(1, first, []), (2, second, [])])
+    runs = [view(pending(1, first)), view(pending(2, second))]
+    data = merge(runs, 1, base=False)
+    f = fields(data)
+    assert f["block"] == lsm.run.BLOCK and len(blocks(data, "keys")) == -(-n // f["block"])
+    check_merged_layout(data)
+    r = view(data)
+    for key in keys:
+        for as_of in (1, 2):
+            got = r.lookup(key, spec_hash(key), as_of)
+            want = model.value(key, as_of)
+            assert (MISSING if got is TOMBSTONE else got) == want, (key, as_of)
+    assert r._keys is None, "a look-up decoded the whole key column"
+    assert r.lookup_cost() == 0
+    assert load([r], 2) == model.state(2) and load([r], 1) == model.state(1)
+    assert r.as_of(2) == applied([], [*first, *second], keep=True)
+    with_deletions: dict = {}
+    r.apply(with_deletions, keep_deletions=True)
+    assert with_deletions == applied([], [*first, *second], keep=True)
+
+
+def test_one_block_that_is_no_tuple_column_makes_every_block_plain() -> None:
+    """FORMAT.md: TUPLES holds for every block of a column or for none; a list in one block
+    of tuples stays a list, the tuples stay tuples."""
+    keys = many_keys(300)
+    column_ = [(k, (i, "x")) for i, k in enumerate(keys)]
+    column_[150] = (keys[150], [150, "x"])
+    data = merge([view(pending(1, column_))], -1, base=True)
+    check_merged_layout(data)
+    r = view(data)
+    assert not r.flags & TUPLES
+    got = {k: r.lookup(k, spec_hash(k), 1) for k in keys}
+    assert got == dict(column_)
+    assert type(got[keys[150]]) is list and type(got[keys[0]]) is tuple and type(got[keys[299]]) is tuple
+    assert view(merge([view(pending(1, column_[:150]))], -1, base=True)).flags & TUPLES
+
+
+def test_block_starts_that_do_not_cover_their_column_are_corrupt() -> None:
+    """The blocks section is read before any block: starts past the column's end, going back,
+    or a section of the wrong length are CorruptLogError, even with a valid checksum."""
+    data = merge([view(pending(1, [(k, 1) for k in many_keys(200)]))], -1, base=True)
+    f = fields(data)
+    pos = HEADER_SIZE + sum(f["lengths"][s] for s in SECTIONS[: SECTIONS.index("blocks")])
+    starts = np.frombuffer(section(data, "blocks"), "<u8").copy()
+    for damage in ("past", "back"):
+        bad = starts.copy()
+        if damage == "past":
+            bad[len(bad) // 2 - 1] += 1  # the key column's last start is its length
+        else:
+            bad[1], bad[2] = bad[2], bad[1]
+        body = bytearray(data)
+        body[pos : pos + len(bad) * 8] = bad.tobytes()
+        sealed = reseal(bytes(body))
+        with pytest.raises(CorruptLogError) as ei:
+            RunView(sealed, WHERE)
+        assert WHERE in str(ei.value) and "block" in str(ei.value), damage
+
+
+def reseal(data: bytes) -> bytes:
+    """The run with its checksum made right for its bytes (FORMAT.md: xxh3_64 of the header's
+    other bytes, then the body)."""
+    digest = xxhash.xxh3_64_intdigest(data[:56] + data[64:HEADER_SIZE] + data[HEADER_SIZE:])
+    return data[:56] + struct.pack("<Q", digest) + data[64:]
 
 
 @pytest.mark.parametrize("n", [15, 16, 2500, 70_000])
@@ -577,7 +711,7 @@ def index_all(s: Store) -> None:
 
 def disk_runs(path: str, state: str) -> dict[int, bytes]:
     """hi -> the bytes of each run of `state` in the disk tier (FORMAT.md's `01` entries), and
-    their `02` catalog entries checked: the 108-byte header, then the run's length u64 BE."""
+    their `02` catalog entries checked: the 120-byte header, then the run's length u64 BE."""
     prefix = b"\x07" + state.encode() + b"\x00\x01"
     db = plyvel.DB(os.path.join(path, "disk"))
     try:
@@ -943,7 +1077,7 @@ def test_a_run_cut_short_is_corrupt(sample: str, cut: int) -> None:
 @pytest.mark.parametrize("name", SECTIONS)
 def test_a_section_length_that_does_not_add_up_is_corrupt(sample: str, name: str) -> None:
     data = bytearray(SAMPLES[sample]())
-    at = 64 + 4 * SECTIONS.index(name)
+    at = 72 + 4 * SECTIONS.index(name)
     struct.pack_into("<I", data, at, fields(bytes(data))["lengths"][name] + 8)
     with pytest.raises(CorruptLogError) as ei:
         RunView(bytes(data), WHERE)
@@ -959,7 +1093,7 @@ def test_a_run_with_another_magic_is_corrupt(sample: str) -> None:
 
 
 @pytest.mark.parametrize("sample", SAMPLES)
-@pytest.mark.parametrize("version", [0, 1, 2, 4, 0xFFFF])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 0xFFFF])
 def test_a_run_of_another_format_version_is_refused_naming_it(sample: str, version: int) -> None:
     data = bytearray(SAMPLES[sample]())
     struct.pack_into("<H", data, 4, version)
@@ -996,7 +1130,7 @@ def test_a_damaged_run_on_the_disk_tier_names_the_store_the_state_and_the_seq(tm
 
 def log_segment(*records: tuple[int, dict[bytes, bytes]]) -> bytes:
     """A log segment written by hand from FORMAT.md: header, then framed records."""
-    out = b"NSLSMLOG" + struct.pack("<II", 3, 0)
+    out = b"NSLSMLOG" + struct.pack("<II", 4, 0)
     for seq, runs in records:
         payload = struct.pack("<Q", seq) + msgpack.packb(runs, use_bin_type=True)
         out += b"LSMR" + struct.pack("<IQ", len(payload), xxhash.xxh3_64_intdigest(payload, len(payload))) + payload
@@ -1039,11 +1173,12 @@ def test_a_damaged_run_in_an_intact_log_record_names_the_store_the_state_and_the
 # -- the format version of a store directory -------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_store_directory_of_an_older_format_version_is_refused(tmp_path, version) -> None:  # noqa: ANN001
-    """A version 1 store (one LevelDB entry per key version) or version 2 store (tuple columns
-    as extension types, no TUPLES flag) is refused, never migrated: the manifest is written by
-    hand with FORMAT.md's header layout."""
+    """A version 1 store (one LevelDB entry per key version), version 2 store (tuple columns
+    as extension types, no TUPLES flag) or version 3 store (merged runs' columns not in
+    blocks) is refused, never migrated: the manifest is written by hand with FORMAT.md's
+    header layout."""
     path = tmp_path / f"v{version}"
     path.mkdir()
     body = msgpack.packb({"store_id": "0" * 32, "remote": ""})

@@ -138,9 +138,9 @@ def B(n: int) -> dict:
 
 def run_bytes(pairs: list) -> int:
     """The size of the run of one append of an aggregate's state taken whole, as lsm/FORMAT.md
-    defines it: a 108-byte header, no pairs, its key column and its value column (one msgpack
+    defines it: a 120-byte header, no pairs, its key column and its value column (one msgpack
     array each): nothing hashed."""
-    return 108 + len(msgpack.packb([k for k, _ in pairs])) + len(msgpack.packb([v for _, v in pairs]))
+    return 120 + len(msgpack.packb([k for k, _ in pairs])) + len(msgpack.packb([v for _, v in pairs]))
 
 
 # -- one checkpoint --------------------------------------------------------------------------
