@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import struct
 from operator import eq, itemgetter
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -263,6 +264,11 @@ class PendingRun:
             self.apply(latest, keep_deletions=True)
             self._latest = latest
         return self._latest
+
+    def apply_steps(self, d: dict, as_of: int | None = None, keep_deletions: bool = False) -> Iterator[None]:
+        """`apply`, as one part (a run of one append is small)."""
+        self.apply(d, as_of, keep_deletions)
+        yield
 
     def apply(self, d: dict, as_of: int | None = None, keep_deletions: bool = False) -> None:
         """Makes `d` the state after this run (REQUIRES: `as_of` None or at least its seq); with
@@ -509,7 +515,8 @@ class RunView:
         return self._latest
 
     def lookup(self, key: Any, h: int, as_of: int) -> Any:
-        """The value of `key` as of `as_of` in this run: a value, TOMBSTONE, or MISSING."""
+        """The value of `key` as of `as_of` in this run: a value the caller owns, TOMBSTONE,
+        or MISSING."""
         if as_of < self.lo:
             return MISSING
         if not self.flags & HASHED:
@@ -520,9 +527,11 @@ class RunView:
             return MISSING
         hashes = self.hashes
         hu = np.uint64(h)  # a Python int above 2**63 would make numpy compare as floats, slowly
-        i = int(np.searchsorted(hashes, hu, "left"))
-        j = int(np.searchsorted(hashes, hu, "right"))
-        if i < j:
+        i = int(hashes.searchsorted(hu))
+        if i < self.n and hashes[i] == hu:
+            j = i + 1
+            while j < self.n and hashes[j] == hu:  # keys sharing a hash: rare
+                j += 1
             found = -1
             block = self.block
             for c in self.order[i:j].tolist():
@@ -550,11 +559,18 @@ class RunView:
     def apply(self, d: dict, as_of: int | None = None, keep_deletions: bool = False) -> None:
         """Makes `d` the state after this run, as of `as_of` (None: the run's last seq); with
         `keep_deletions`, a deleted key is left as TOMBSTONE."""
+        for _ in self.apply_steps(d, as_of, keep_deletions):
+            pass
+
+    def apply_steps(self, d: dict, as_of: int | None = None, keep_deletions: bool = False) -> Iterator[None]:
+        """`apply`, a part at a time: yields after each block of a merged run (each
+        APPLY_SLICE entries of another run), so that its caller can do other work between two
+        parts; `d` is the state after the run once the iterator is done."""
         if as_of is None or as_of >= self.hi:
             if self.npairs:
                 d.update(self.pairs())
             if self.block:
-                self._apply_blocks(d, keep_deletions)
+                yield from self._apply_blocks(d, keep_deletions)
                 return
             keys = self.keys
             values = self.values
@@ -563,6 +579,7 @@ class RunView:
             # in slices: one update of millions of pairs holds the GIL for over a second
             for i in range(0, len(keys), APPLY_SLICE):
                 d.update(zip(keys[i : i + APPLY_SLICE], values[i : i + APPLY_SLICE], strict=True))
+                yield
             if self.ndel and not keep_deletions:
                 pop = d.pop
                 for i in self.dels.tolist():
@@ -576,14 +593,15 @@ class RunView:
             else:
                 d[k] = v
 
-    def _apply_blocks(self, d: dict, keep_deletions: bool) -> None:
-        """`apply` of a blocked run, a block at a time: nothing but one block's keys and
-        values is decoded at once, and other threads run between two blocks."""
+    def _apply_blocks(self, d: dict, keep_deletions: bool) -> Iterator[None]:
+        """`apply_steps` of a blocked run, a block at a time: nothing but one block's keys and
+        values is decoded at once."""
         for b in range(len(self._kofs) - 1):
             keys, values = self._key_block(b), self._value_block(b)
             if len(keys) != len(values):
                 raise CorruptLogError(self.where, 0, f"block {b} holds {len(keys)} keys and {len(values)} values")
             d.update(zip(keys, values))
+            yield
         if self.ndel and not keep_deletions:
             pop, block = d.pop, self.block
             for i in self.dels.tolist():

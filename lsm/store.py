@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -509,26 +509,27 @@ class Store:
             raise RetentionError(as_of, self._disk.horizon)
         return as_of
 
-    def _runs(self, sb: bytes, view: tuple, as_of: int) -> list:
+    def _runs(self, sb: bytes, view: tuple, as_of: int, read: bool = True) -> list:
         """The runs of one state that a read as of `as_of` needs, newest first: back to the
-        newest that holds every live key (`run.FULL`), or to the first."""
+        newest that holds every live key (`run.FULL`), or to the first (`read`: as in
+        `_iter_runs`)."""
         out = []
-        for run in self._iter_runs(sb, view, as_of):
+        for run in self._iter_runs(sb, view, as_of, read):
             out.append(run)
             if run.full:
                 break
         return out
 
-    def _iter_runs(self, sb: bytes, view: tuple, as_of: int) -> Any:
+    def _iter_runs(self, sb: bytes, view: tuple, as_of: int, read: bool = True) -> Any:
         """`_runs`, one at a time: a look-up that stops at the first run holding its key reads
-        no older one."""
+        no older one. Without `read`, a run of the disk tier is its RunRef, not read yet."""
         batches, catalog, snap, _ = view
         for b in reversed(batches):
             if b.seq <= as_of and sb in b.runs:
                 yield b.runs[sb]
         for ref in reversed(catalog.get(sb, ())):
             if ref.lo <= as_of:
-                yield self._run_view(ref, snap)
+                yield self._run_view(ref, snap) if read else ref
 
     def _run_view(self, ref: RunRef, snap: object) -> RunView:
         """The run `ref` names, read from the disk tier once and kept (VIEW_CACHE_BYTES in all,
@@ -605,7 +606,7 @@ class Store:
                             if full:
                                 break  # the run holds every live key: the key is not one
                             continue
-                        return default if v is TOMBSTONE else own(v)
+                        return default if v is TOMBSTONE else v  # the caller's: `lookup` copies
                     # an append's run (one seq): its latest versions as a dict, kept in place
                     # of the run in this view's list, so that the next look-up finds it at once
                     run = run.latest()
@@ -655,14 +656,30 @@ class Store:
     def load(self, state: Any, as_of: int | None = None) -> dict:
         """Every live key of `state` and its value right after seq `as_of` (None: now), as a
         new dict: the runs applied oldest first, each by `dict.update` over its columns."""
+        out: dict = {}
+        for out in self.load_steps(state, as_of):
+            pass
+        return out
+
+    def load_steps(self, state: Any, as_of: int | None = None) -> Iterator[dict]:
+        """`load`, a part at a time: yields the dict it builds after each run read from the
+        disk tier and each part of a run applied (a block of a merged run: `apply_steps`), so
+        that its caller can do other work in between; the dict is the state once the iterator
+        is done. What it reads is the store as the first part was asked for: appends and merges
+        meanwhile change nothing of it."""
         view = self._view  # before the horizon check, as in get
         at = self._check_as_of(as_of)
         out: dict = {}
         if at < 0:
-            return out
-        for run in reversed(self._runs(encode_key(state), view, at)):
-            run.apply(out, None if at >= run.hi else at)
-        return out
+            return
+        snap = view[2]
+        for run in reversed(self._runs(encode_key(state), view, at, read=False)):
+            if type(run) is RunRef:
+                run = self._run_view(run, snap)
+                yield out
+            for _ in run.apply_steps(out, None if at >= run.hi else at):
+                yield out
+        yield out
 
     def versions(self, state: Any, key: Any, after: int = -1, upto: int | None = None) -> list[tuple[int, Any]]:
         """(seq, value) of every version of `key` in `state` written in (after, upto], oldest

@@ -92,6 +92,12 @@ class WorkerHooks:
         the default does nothing."""
         pass
 
+    def idle(self, worker: Worker, wait: float) -> float:
+        """Runs when the loop has nothing to read, before it waits up to `wait` seconds for
+        input: a mode may use the time (a restored state loading in parts) and say how long
+        the loop may still wait. The default does nothing and waits."""
+        return wait
+
     def can_finish(self, worker: Worker) -> bool:
         """Whether a worker whose input is exhausted may report done; the default: at once."""
         return True

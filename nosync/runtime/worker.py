@@ -554,7 +554,7 @@ class Worker(Links):
                 now = time.time()
                 ready = [s for s in active_sources if s.due_at() <= now]
                 busy = bool(ready)
-            self.pump(0 if busy else 0.002)
+            self.pump(0 if busy else hooks.idle(self, 0.002))
             if busy:
                 for s in ready:
                     if not hooks.poll_source(self, s):

@@ -51,6 +51,9 @@ HOLD_S = 0.25
 past it, before lineage points pre-commit its open epochs (`_open_precommit`)."""
 OPEN_GAP_S = 0.1
 """The shortest time between two pre-commits of a sink's open epochs."""
+LOAD_SLICE_S = 0.002
+"""How long a restored state loads at a time while the worker has nothing to read (`idle`):
+a record that arrives meanwhile waits at most about this long."""
 
 
 class Pending:
@@ -219,6 +222,15 @@ class Snapshots:
     def _under_way(self) -> int:
         """Snapshots taken and not yet durable."""
         return sum(1 for p in self.pending if p.snapshot is not None)
+
+    def idle(self, worker: Worker, wait: float) -> float:
+        """With nothing to read, a restored state still loading takes the time (`BulkLoader`):
+        a slice of LOAD_SLICE_S, then the loop looks for input again at once."""
+        loader = self.loader
+        if loader is None or not loader.loading:
+            return wait
+        loader.advance(LOAD_SLICE_S)
+        return 0.0
 
     def poll(self, worker: Worker) -> None:
         """Once per loop iteration: installs loaded state, takes a snapshot or a lineage point when

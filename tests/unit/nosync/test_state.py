@@ -766,7 +766,8 @@ def test_a_state_of_more_keys_than_full_max_keys_is_never_taken_whole(tmp_path, 
 
 def bulk_loading(tmp_path, decode_alone: int, monkeypatch):
     """A count of 5,000 keys saved at seq 1 (every key at 7), and a restored count whose state a
-    BulkLoader loads (not started), reading keys alone up to `decode_alone` bytes of a run."""
+    BulkLoader loads (nothing loaded yet), reading keys alone up to `decode_alone` bytes of a
+    run."""
     from nosync.modes.nosync import recovery
 
     monkeypatch.setattr(recovery, "DECODE_ALONE_BYTES", decode_alone)
@@ -780,7 +781,7 @@ def test_a_key_read_alone_while_the_state_loads_costs_no_load(tmp_path, monkeypa
     loader, op, store = bulk_loading(tmp_path, 1 << 30, monkeypatch)
     op.push([("k3", 1), ("new", 1)], 0, C0)
     assert op.state == {"k3": 8, "new": 1}
-    assert not loader._started and loader.waited_s == 0.0
+    assert loader.loading and not loader.done and loader.seconds == 0.0 and loader.waited_s == 0.0
     store.close()
 
 
@@ -790,7 +791,7 @@ def test_a_key_whose_read_would_decode_a_large_run_is_taken_from_the_load(tmp_pa
     installed, keeps the keys the records changed meanwhile."""
     loader, op, store = bulk_loading(tmp_path, 0, monkeypatch)
     op.push([("k3", 1), ("k3", 1), ("new", 1)], 0, C0)
-    assert loader._started and 0 in loader.done, "the key did not wait for the load"
+    assert 0 in loader.done and not loader.loading, "the key did not wait for the load"
     assert op.state == {"k3": 9, "new": 1}
 
     class Hooks:
@@ -802,4 +803,41 @@ def test_a_key_whose_read_would_decode_a_large_run_is_taken_from_the_load(tmp_pa
     W.hooks.loader = loader
     assert loader.install_done(W)
     assert len(op.state) == 5001 and op.state["k3"] == 9 and op.state["k4"] == 7 and op.state["new"] == 1
+    store.close()
+
+
+def test_a_state_loads_in_parts_with_records_between_them(tmp_path, monkeypatch):
+    """A merged run of 5,000 keys loads a block at a time (`advance` with no time to spare
+    does one part); records between two parts read their keys alone, and the state installed
+    at the end holds every saved key and what the records did, a key they deleted included."""
+    from nosync.modes.nosync import recovery
+
+    op, _, _, _ = counting(tmp_path)
+    store = lsm.Store(str(tmp_path / "merged"), retention=0)
+    store.append(1, {0: lsm.Updates([f"k{i}" for i in range(5000)], [7] * 5000)})
+    store.append(2, {0: lsm.Updates(["k1", "k2"], [8, 8])})
+    store.compact()
+    assert [(lo, hi) for lo, hi, _ in store.runs(0)] == [(1, 2)], "the runs were not merged"
+    loader = recovery.BulkLoader(store, [(0, op)], as_of=2)
+    parts = 0
+    while loader.loading:
+        loader.advance(0)
+        parts += 1
+        if parts == 2:
+            op.push([("k1", 1), ("k2", 1), ("k4999", 1), ("new", 1)], 0, C0)
+            del op.state["k2"]  # as a deletion by a record leaves it: looked up, not there
+    assert parts >= 5000 // lsm.run.BLOCK, f"loaded in {parts} parts"
+    assert op.state == {"k1": 9, "k4999": 8, "new": 1}
+
+    class Hooks:
+        loader = None
+
+    class W:
+        hooks = Hooks()
+
+    W.hooks.loader = loader
+    assert loader.install_done(W) and W.hooks.loader is None
+    want = {f"k{i}": 7 for i in range(5000)} | {"k1": 9, "k4999": 8, "new": 1}
+    del want["k2"]
+    assert op.state == want
     store.close()
