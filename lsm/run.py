@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import itertools
 import struct
-from operator import eq, itemgetter
 from collections.abc import Iterator
+from operator import eq, itemgetter
 from typing import Any
 
 import msgpack
@@ -85,8 +85,8 @@ APPLY_SLICE = 100_000
 BLOCK = 64
 """Entries per block of a merged run's latest key and value columns (FORMAT.md): a point
 look-up decodes one block of each, about 6 us for 100-byte values, where a whole column of
-millions of keys took seconds; a load decodes the blocks in turn, letting other threads run
-between two."""
+millions of keys took seconds; a load decodes the blocks in turn, and its caller may do
+other work between two (`RunView.apply_steps`)."""
 
 
 def _bounds(sorted_hashes: np.ndarray) -> tuple[int, int]:
@@ -466,15 +466,26 @@ class RunView:
             return out
         return unpack_column(self._raw("values"), bool(self.flags & TUPLES))
 
+    def key_at(self, c: int) -> Any:
+        """The key in column `c` of the latest block (one block decoded, in a blocked run)."""
+        block = self.block
+        return self._key_block(c // block)[c % block] if block else self.keys[c]
+
+    def value_at(self, c: int) -> Any:
+        """The value in column `c` of the latest block, decoded anew (the caller's)."""
+        block = self.block
+        return self._value_block(c // block)[c % block] if block else self.values[c]
+
     def _key_block(self, b: int) -> tuple:
         """The keys of block `b` of a blocked run, decoded anew."""
-        a, z = self._off["keys"]
+        a = self._off["keys"][0]
         return unpack_keys(memoryview(self.data)[a + self._kofs[b] : a + self._kofs[b + 1]])
 
     def _value_block(self, b: int) -> list:
         """The values of block `b` of a blocked run, decoded anew (the caller's to change)."""
-        a, z = self._off["values"]
-        return unpack_column(memoryview(self.data)[a + self._vofs[b] : a + self._vofs[b + 1]], bool(self.flags & TUPLES))
+        a = self._off["values"][0]
+        raw = memoryview(self.data)[a + self._vofs[b] : a + self._vofs[b + 1]]
+        return unpack_column(raw, bool(self.flags & TUPLES))
 
     @property
     def history(self) -> tuple[tuple, list, np.ndarray, np.ndarray]:
@@ -533,16 +544,13 @@ class RunView:
             while j < self.n and hashes[j] == hu:  # keys sharing a hash: rare
                 j += 1
             found = -1
-            block = self.block
             for c in self.order[i:j].tolist():
-                if (self._key_block(c // block)[c % block] if block else self.keys[c]) == key and c > found:
+                if self.key_at(c) == key and c > found:
                     found = c  # the last column of a key is its newest version in the run
             if found >= 0:
                 seq = int(self._u64("seqs")[found]) if self.flags & MULTI else self.hi
                 if seq <= as_of:
-                    if block:
-                        return self._value_block(found // block)[found % block]  # decoded anew
-                    return self.values[found]
+                    return self.value_at(found)
         if self.nhist and as_of < self.hi:
             if self._hhashes is None:
                 self._hhashes = self._searchable("h_hashes")
@@ -600,7 +608,7 @@ class RunView:
             keys, values = self._key_block(b), self._value_block(b)
             if len(keys) != len(values):
                 raise CorruptLogError(self.where, 0, f"block {b} holds {len(keys)} keys and {len(values)} values")
-            d.update(zip(keys, values))
+            d.update(zip(keys, values, strict=True))
             yield
         if self.ndel and not keep_deletions:
             pop, block = d.pop, self.block
@@ -762,9 +770,7 @@ def _build(
         hist_b,
         S[hist].astype(_U64).tobytes(),
     ]
-    return _assemble(
-        lo, hi, flags, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections, block=BLOCK
-    )
+    return _assemble(lo, hi, flags, len(lat_keys), len(lat_dels), len(hist_keys), hmin, hmax, sections, block=BLOCK)
 
 
 def _is_tombstone(v: Any) -> bool:

@@ -55,6 +55,7 @@ from lsm.keys import KEY_TYPES, MAX_SEQ, check_key_column, decode_key, encode_ke
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.persister import Persister, encoded_runs
+from lsm.reader import PointReader
 from lsm.records import Record
 from lsm.remote import RemoteTier
 from lsm.run import IMMUTABLE_TYPES, MISSING, PendingRun, RunView, join_pairs, own, truncate
@@ -653,12 +654,21 @@ class Store:
             cache[1][name] = got
         return got
 
+    def reader(self, state: Any, as_of: int) -> PointReader:
+        """Point reads of `state` as of seq `as_of` through one index of every run's key hashes
+        (`reader.PointReader`): for many look-ups at one seq, in a state of many runs (a
+        restore reading keys alone while it loads). Raises RetentionError as `get` does; the
+        reader stays a view as of `as_of` whatever merges do meanwhile."""
+        view = self._view  # before the horizon check, as in get
+        at = self._check_as_of(as_of)
+        return PointReader(self._runs(encode_key(state), view, at) if at >= 0 else [], at, self.path)
+
     def load(self, state: Any, as_of: int | None = None) -> dict:
         """Every live key of `state` and its value right after seq `as_of` (None: now), as a
         new dict: the runs applied oldest first, each by `dict.update` over its columns."""
         out: dict = {}
-        for out in self.load_steps(state, as_of):
-            pass
+        for part in self.load_steps(state, as_of):
+            out = part
         return out
 
     def load_steps(self, state: Any, as_of: int | None = None) -> Iterator[dict]:

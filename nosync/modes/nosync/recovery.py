@@ -12,11 +12,12 @@ The new attempt opens its store and restores:
 - keyed state in bulk (`BulkLoader`): each keyed operator's runs are decoded and applied a
   block at a time, on the processing thread whenever it has nothing to read, while the worker
   replays and then runs live: a key a record touches before its operator's load is done is
-  read alone from the store (`Store.get`: a binary search and one block of 64 keys decoded in a
-  merged run), unless that would decode more than DECODE_ALONE_BYTES of an append's run, when
-  it waits for the load. When a load is done, the loaded dict becomes the operator's state (the
-  keys touched meanwhile win) and the per-key path leaves the hot loop. Windows and joins load before the replay (a window closes over
-  every key; a join's sides are rebuilt from their increments).
+  read alone from the store (`Store.reader`: one binary search in an index of the key hashes
+  of all the runs, built at the first such read, and one block of 64 keys decoded). When a
+  load is done, the loaded dict becomes the operator's state (the
+  keys touched meanwhile win) and the per-key path leaves the hot loop. Windows and joins load
+  before the replay (a window closes over every key; a join's sides are rebuilt from their
+  increments).
 
 Then it exchanges one LINEAGE frame with every survivor each way: the first chan_seq to send
 again, and the lineage entries held for the other. The merged entries after the snapshot are
@@ -39,7 +40,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lineage import LineageError, recovery_plan
-from lsm import LookupTooDearError
 from nosync.codec import unpack
 from nosync.errors import RunFailed
 from nosync.modes.nosync import span
@@ -54,10 +54,6 @@ if TYPE_CHECKING:
     from nosync.runtime.worker import Worker
 
 REPLAY_TIMEOUT_S = 120.0
-DECODE_ALONE_BYTES = 8 << 20
-"""A key is read alone from the store while that decodes at most this much of a run it was not
-decoded from before (an append's run, not in blocks, is decoded whole; a merged run's block
-costs nothing); past it, the key is taken from the bulk load, waited for (`BulkLoader`)."""
 POLL_S = 0.005
 """How often a replay takes the frames and control messages that arrived."""
 
@@ -183,7 +179,8 @@ class BulkLoader:
         self.read_alone = 0
         """Keys read alone (a record touched them) before their operator's load was installed."""
         self.waited_s = 0.0
-        """How long a record waited for a load (`_read_alone`)."""
+        """How long records waited to read keys alone: the building of the readers' indexes."""
+        self._readers: dict[int, Any] = {}
         self._todo = [i for i, _ in ops]
         self._steps: Any = None
         self._stop = False
@@ -191,23 +188,18 @@ class BulkLoader:
             op.lazy(lambda key, i=i: self._read_alone(i, key), raw=True)
 
     def _read_alone(self, i: int, key: Any) -> Any:
-        """The state of `key` in operator `i`, read alone from the store; or, when that would
-        decode more of a run than DECODE_ALONE_BYTES (a large append's run, which the load
-        decodes anyway), taken from the load, run to its end for that operator."""
-        if i not in self.done:
-            try:
-                return self.store.get(i, key, as_of=self.as_of, default=MISSING_STATE, max_decode=DECODE_ALONE_BYTES)
-            except LookupTooDearError:
-                t0 = time.perf_counter()
-                while i not in self.done and self.error is None and not self._stop:
-                    self.advance(1.0)
-                self.waited_s += time.perf_counter() - t0
-        if self.error is not None:
-            raise RunFailed(f"loading the keyed state of operator {i}: {self.error}") from self.error
+        """The state of `key` in operator `i`, read alone from the store through one index of
+        the key hashes of every run it needs (`Store.reader`: built at the operator's first
+        read, its time counted in `waited_s`); once the operator's load is done, from it."""
         loaded = self.done.get(i)
-        if loaded is None:  # stopped before this operator's load
-            return self.store.get(i, key, as_of=self.as_of, default=MISSING_STATE)
-        return loaded.get(key, MISSING_STATE)
+        if loaded is not None:
+            return loaded.get(key, MISSING_STATE)
+        reader = self._readers.get(i)
+        if reader is None:
+            t0 = time.perf_counter()
+            reader = self._readers[i] = self.store.reader(i, self.as_of)
+            self.waited_s += time.perf_counter() - t0
+        return reader.get(key, MISSING_STATE)
 
     @property
     def loading(self) -> bool:
@@ -223,10 +215,13 @@ class BulkLoader:
                 if self._steps is None:
                     self._steps = self.store.load_steps(self._todo[0], as_of=self.as_of)
                     self._part: dict = {}
-                for self._part in self._steps:
+                for part in self._steps:
+                    self._part = part
                     if time.perf_counter() >= deadline:
                         return
-                self.done[self._todo.pop(0)] = self._part
+                i = self._todo.pop(0)
+                self.done[i] = self._part
+                self._readers.pop(i, None)
                 self._steps = None
         except BaseException as e:  # noqa: BLE001 - raised by install_done, between two steps
             self.error = e

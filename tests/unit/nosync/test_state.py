@@ -764,49 +764,37 @@ def test_a_state_of_more_keys_than_full_max_keys_is_never_taken_whole(tmp_path, 
     store.close()
 
 
-def bulk_loading(tmp_path, decode_alone: int, monkeypatch):
+def bulk_loading(tmp_path):
     """A count of 5,000 keys saved at seq 1 (every key at 7), and a restored count whose state a
-    BulkLoader loads (nothing loaded yet), reading keys alone up to `decode_alone` bytes of a
-    run."""
+    BulkLoader loads (nothing loaded yet)."""
     from nosync.modes.nosync import recovery
 
-    monkeypatch.setattr(recovery, "DECODE_ALONE_BYTES", decode_alone)
     _, _, store, _ = counting(tmp_path)
     store.append(1, {0: lsm.Updates([f"k{i}" for i in range(5000)], [7] * 5000)})
     restored, _, _, _ = counting(tmp_path / "again")
     return recovery.BulkLoader(store, [(0, restored)], as_of=1), restored, store
 
 
-def test_a_key_read_alone_while_the_state_loads_costs_no_load(tmp_path, monkeypatch):
-    loader, op, store = bulk_loading(tmp_path, 1 << 30, monkeypatch)
+def test_a_key_read_alone_while_the_state_loads_costs_no_load(tmp_path):
+    loader, op, store = bulk_loading(tmp_path)
     op.push([("k3", 1), ("new", 1)], 0, C0)
     assert op.state == {"k3": 8, "new": 1}
-    assert loader.loading and not loader.done and loader.seconds == 0.0 and loader.waited_s == 0.0
+    assert loader.loading and not loader.done and loader.seconds == 0.0
+    assert loader.keys_read_alone() == 2
     store.close()
 
 
-def test_a_key_whose_read_would_decode_a_large_run_is_taken_from_the_load(tmp_path, monkeypatch):
-    """A key whose look-up would decode more of a run than DECODE_ALONE_BYTES (0 here: any run
-    not decoded yet) waits for the bulk load and takes its value from it; the loaded state,
-    installed, keeps the keys the records changed meanwhile."""
-    loader, op, store = bulk_loading(tmp_path, 0, monkeypatch)
-    op.push([("k3", 1), ("k3", 1), ("new", 1)], 0, C0)
-    assert 0 in loader.done and not loader.loading, "the key did not wait for the load"
-    assert op.state == {"k3": 9, "new": 1}
-
-    class Hooks:
-        loader = None
-
-    class W:
-        hooks = Hooks()
-
-    W.hooks.loader = loader
-    assert loader.install_done(W)
-    assert len(op.state) == 5001 and op.state["k3"] == 9 and op.state["k4"] == 7 and op.state["new"] == 1
+def test_keys_read_alone_see_the_state_as_of_the_snapshot_not_later_appends(tmp_path):
+    """The reader is the store as of the restored snapshot's seq: what the restored worker
+    appends afterwards (its own new snapshots) is not read back as restored state."""
+    loader, op, store = bulk_loading(tmp_path)
+    store.append(2, {0: lsm.Updates(["k3", "k4"], [100, lsm.TOMBSTONE])})
+    op.push([("k3", 1), ("k4", 1)], 0, C0)
+    assert op.state == {"k3": 8, "k4": 8}
     store.close()
 
 
-def test_a_state_loads_in_parts_with_records_between_them(tmp_path, monkeypatch):
+def test_a_state_loads_in_parts_with_records_between_them(tmp_path):
     """A merged run of 5,000 keys loads a block at a time (`advance` with no time to spare
     does one part); records between two parts read their keys alone, and the state installed
     at the end holds every saved key and what the records did, a key they deleted included."""
