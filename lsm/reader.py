@@ -8,7 +8,7 @@ about 40 us, more than a record's whole processing.
 
 A `PointReader` (`Store.reader`) takes the runs a read as of `at` needs, once, and sorts the
 key hashes of all of them into one array (each run's column is sorted already: a stable sort
-merges them, newest run first among equal hashes), with the run and the column of each. A
+merges them, newest run first among equal hashes), with where each came from. A
 look-up is one binary search, then the key and its value decoded from one block of the run
 that holds it, whatever the number of runs. The run whose seq range holds `at` (its history
 may hold the version as of `at`) is read by its own look-up first; it is the newest the read
@@ -43,29 +43,26 @@ class PointReader:
         """The run whose range holds `at` (at most one): read with its history."""
         indexed = [r for r in runs if r.hi <= at]
         self._runs: list = []
-        hashes, ranks, cols = [], [], []
-        for rank, r in enumerate(indexed):
-            if isinstance(r, RunView) and r.hashed:
+        hashes = []
+        for r in indexed:
+            if isinstance(r, RunView) and r.hashed and not bool(np.any(r.order != np.arange(r.n))):
                 self._runs.append(r)
                 hashes.append(r.hashes)
-                cols.append(r.order.astype(np.uint32))
             else:
                 # an append's run: its latest version of each key, decoded (it is small, or
-                # the state's whole image, decoded by a load anyway)
+                # the state's whole image, decoded by a load anyway), hashed in its order
                 keys, values, _, h = r.entries()
                 self._runs.append((keys, values))
                 hashes.append(h.astype(_U64))
-                cols.append(np.arange(len(keys), dtype=np.uint32))
-            ranks.append(np.full(len(hashes[-1]), rank, dtype=np.uint32))
+        self._starts = np.cumsum([0, *map(len, hashes)])[:-1]
+        """Where each run's entries start in the concatenation of their hash columns."""
         if hashes:
             h = np.concatenate(hashes)
-            order = np.argsort(h, kind="stable")  # newest run first among equal hashes
-            self._h = np.ascontiguousarray(h[order])
-            self._rank = np.concatenate(ranks)[order]
-            self._col = np.concatenate(cols)[order]
+            self._pos = np.argsort(h, kind="stable")  # newest run first among equal hashes
+            self._h = h[self._pos]
         else:
             self._h = np.zeros(0, _U64)
-            self._rank = self._col = np.zeros(0, np.uint32)
+            self._pos = np.zeros(0, np.int64)
         self.entries = len(self._h)
         """Entries indexed: every run's latest versions."""
 
@@ -99,8 +96,10 @@ class PointReader:
         i = int(hs.searchsorted(hu))
         n = self.entries
         while i < n and hs[i] == hu:
-            run = self._runs[self._rank[i]]
-            c = int(self._col[i])
+            p = int(self._pos[i])
+            rank = int(self._starts.searchsorted(p, "right")) - 1
+            run = self._runs[rank]
+            c = p - int(self._starts[rank])
             if type(run) is tuple:
                 if run[0][c] == key:
                     v = run[1][c]

@@ -181,6 +181,8 @@ class BulkLoader:
         self.waited_s = 0.0
         """How long records waited to read keys alone: the building of the readers' indexes."""
         self._readers: dict[int, Any] = {}
+        # the runs are read from the disk tier meanwhile, on threads that give the GIL up
+        self._prefetch = {i: store.prefetch(i, as_of) for i, _ in ops}
         self._todo = [i for i, _ in ops]
         self._steps: Any = None
         self._stop = False
@@ -197,6 +199,7 @@ class BulkLoader:
         reader = self._readers.get(i)
         if reader is None:
             t0 = time.perf_counter()
+            self._prefetch.pop(i).join()
             reader = self._readers[i] = self.store.reader(i, self.as_of)
             self.waited_s += time.perf_counter() - t0
         return reader.get(key, MISSING_STATE)
