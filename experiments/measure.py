@@ -369,8 +369,8 @@ def recovery(
             "epoch_restored": r.get("epoch"),
             "batch_s": r.get("batch_s"),
             "replay_restore_s": r.get("replay_restore_s"),
-            # nosync: the keyed state's load in the background, the keys read alone meanwhile, and how
-            # long a key waited for the load (one read alone would have decoded a large run)
+            # nosync: the keyed state's load in the worker's spare time, the keys read alone
+            # meanwhile, and how long the first of them waited for the index of the runs
             "load_s": r.get("load_s"),
             "keys_read_alone": r.get("keys_read_alone"),
             "load_wait_s": r.get("load_wait_s"),
