@@ -32,6 +32,28 @@ from lsm.run import MISSING, RunView, own
 _U64 = np.dtype("<u8")
 
 
+def read_key(key: Any, where: str) -> Any:
+    """`key` as the runs hold it (lists, at any depth, as tuples); KeyEncodingError naming the
+    key and `where` (the store) for a key that `append` refuses."""
+    if type(key) is str or type(key) in KEY_TYPES:
+        return key
+    try:
+        return decode_key(encode_key(key))[0]
+    except (TypeError, ValueError, OverflowError) as e:
+        raise KeyEncodingError(f"key {key!r:.60} of {where}: {e}") from None
+
+
+def read_hash(key: Any, where: str) -> int:
+    """The key hash of `key` (`read_key`'s), refused as `append` refuses it (a str with a lone
+    surrogate: no UTF-8 of it)."""
+    try:
+        if type(key) is str and not key.isascii():
+            key.encode()
+        return key_hash(key)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise KeyEncodingError(f"key {key!r:.60} of {where}: {e}") from None
+
+
 class PointReader:
     """Look-ups of one state as of seq `at` over `runs` (newest first: what a read as of `at`
     needs, `Store._runs`); `where` names the store in errors."""
@@ -70,17 +92,8 @@ class PointReader:
         """The value of `key` as of `at` (the caller's to change), or `default`: what
         `Store.get(state, key, as_of=at)` answers. A key `Store.append` would refuse is refused
         with KeyEncodingError."""
-        if type(key) is not str and type(key) not in KEY_TYPES:
-            try:
-                key = decode_key(encode_key(key))[0]  # lists, at any depth, as tuples
-            except (TypeError, ValueError, OverflowError) as e:
-                raise KeyEncodingError(f"key {key!r:.60} of {self.where}: {e}") from None
-        try:
-            if type(key) is str and not key.isascii():
-                key.encode()  # a lone surrogate: append refused it
-            h = key_hash(key)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise KeyEncodingError(f"key {key!r:.60} of {self.where}: {e}") from None
+        key = read_key(key, self.where)
+        h = read_hash(key, self.where)
         v = self.lookup(key, h)
         return default if v is MISSING or v is TOMBSTONE else v
 

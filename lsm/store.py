@@ -32,7 +32,6 @@ from lsm import files
 from lsm.codec import (
     TOMBSTONE,
     joined,
-    key_hash,
     pack_column,
     pack_keys,
     pack_map_parts,
@@ -55,7 +54,7 @@ from lsm.keys import KEY_TYPES, MAX_SEQ, check_key_column, decode_key, encode_ke
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.persister import Persister, encoded_runs
-from lsm.reader import PointReader
+from lsm.reader import PointReader, read_hash, read_key
 from lsm.records import Record
 from lsm.remote import RemoteTier
 from lsm.run import IMMUTABLE_TYPES, MISSING, PendingRun, RunView, join_pairs, own, truncate
@@ -579,11 +578,7 @@ class Store:
         else:
             at = self._check_as_of(as_of)
         if type(key) is not str and type(key) not in KEY_TYPES:
-            # refuses what append refuses, and turns lists, at any depth, into tuples
-            try:
-                key = decode_key(encode_key(key))[0]
-            except (TypeError, ValueError, OverflowError) as e:
-                raise KeyEncodingError(f"key {key!r:.60} of {self.path}: {e}") from None
+            key = read_key(key, self.path)  # refused as append refuses it; lists as tuples
         h = None  # only a merged run is searched by hash; an append's run is a dict
         if at >= 0:
             cache = self._newest_cache
@@ -625,12 +620,7 @@ class Store:
         return default
 
     def _key_hash(self, key: Any) -> int:
-        try:
-            if type(key) is str and not key.isascii():
-                key.encode()  # a lone surrogate: append refused it
-            return key_hash(key)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise KeyEncodingError(f"key {key!r:.60} of {self.path}: {e}") from None
+        return read_hash(key, self.path)
 
     def _newest_first(self, state: Any, view: tuple) -> list:
         """(lo, run, full) of one state's runs in `view`, newest first: a run appended, or the
