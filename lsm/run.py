@@ -379,6 +379,8 @@ class RunView:
             self._check_blocks(lengths[SECTIONS.index("keys")], lengths[SECTIONS.index("values")])
         elif lengths[SECTIONS.index("blocks")]:
             raise CorruptLogError(where, 0, "run has a blocks section but no block size")
+        elif self.hashed and n:
+            raise CorruptLogError(where, 0, f"a merged run of {n} keys has no block size")
 
     def _check_blocks(self, keys_len: int, values_len: int) -> None:
         """The blocks section is the starts of each block in the key column, then in the value
@@ -467,14 +469,13 @@ class RunView:
         return unpack_column(self._raw("values"), bool(self.flags & TUPLES))
 
     def key_at(self, c: int) -> Any:
-        """The key in column `c` of the latest block (one block decoded, in a blocked run)."""
-        block = self.block
-        return self._key_block(c // block)[c % block] if block else self.keys[c]
+        """The key in column `c` of a merged run's latest block (one block decoded: every
+        hashed run is blocked)."""
+        return self._key_block(c // self.block)[c % self.block]
 
     def value_at(self, c: int) -> Any:
-        """The value in column `c` of the latest block, decoded anew (the caller's)."""
-        block = self.block
-        return self._value_block(c // block)[c % block] if block else self.values[c]
+        """The value in column `c` of a merged run's latest block, decoded anew (the caller's)."""
+        return self._value_block(c // self.block)[c % self.block]
 
     def _key_block(self, b: int) -> tuple:
         """The keys of block `b` of a blocked run, decoded anew."""
@@ -512,9 +513,7 @@ class RunView:
         """The bytes a look-up would decode first: an append's run whole until its dict is
         built; a merged run's, one block of each column, counted as none (its history's are
         not counted: an as-of read that old is rare)."""
-        if not self.hashed:
-            return 0 if self._latest is not None else len(self.data)
-        return 0
+        return 0 if self.hashed or self._latest is not None else len(self.data)
 
     def latest(self) -> dict:
         """An append's run (not hashed): each key's version in it (a deletion as TOMBSTONE),

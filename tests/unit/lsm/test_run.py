@@ -428,6 +428,21 @@ def test_block_starts_that_do_not_cover_their_column_are_corrupt() -> None:
         assert WHERE in str(ei.value) and "block" in str(ei.value), damage
 
 
+def test_a_merged_run_with_no_block_size_is_corrupt() -> None:
+    """Every merged (hashed) run of format 4 is blocked: one whose block size and blocks section
+    are both gone is CorruptLogError at open, not a division by zero at its first look-up."""
+    data = merge([view(pending(1, [(k, 1) for k in many_keys(100)]))], -1, base=True)
+    f = fields(data)
+    lengths = dict(f["lengths"], blocks=0)
+    body = b"".join(section(data, s) if s != "blocks" else b"" for s in SECTIONS)
+    head = [f[name] for name in ("magic", "version", "flags", "lo", "hi", "n", "ndel", "nhist", "npairs")]
+    head += [f["hmin"], f["hmax"], 0, 0, 0, *(lengths[s] for s in SECTIONS)]
+    sealed = reseal(HEADER.pack(*head) + body)
+    with pytest.raises(CorruptLogError) as ei:
+        RunView(sealed, WHERE)
+    assert WHERE in str(ei.value) and "100 keys has no block size" in str(ei.value)
+
+
 def reseal(data: bytes) -> bytes:
     """The run with its checksum made right for its bytes (FORMAT.md: xxh3_64 of the header's
     other bytes, then the body)."""
