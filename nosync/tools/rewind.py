@@ -27,8 +27,8 @@ checkpoint or a cut of snapshots, when there is one to take):
   each snapshot's step, the rest from the snapshot's metadata; the frames in flight at the
   cut, read from the senders' output logs, are fed to the stages that consume them before
   anything else on their link. The new output starts with the run's files each worker had
-  pre-committed up to its snapshot. The window is what the stores retained: the last
-  `RETENTION` snapshots (`nosync/modes/nosync/snapshots.py`) of each worker at least.
+  pre-committed up to its snapshot. The window is what the stores retained: each worker's
+  snapshots of the last `RETENTION_S` seconds (`nosync/modes/nosync/snapshots.py`) at least.
 - "sources" (what "auto" takes for modes none and replay): the jobs read the sources from
   the start. Every epoch the sources can read again can be rewound to.
 

@@ -11,9 +11,12 @@ state is whole and the store's retention window of snapshots is full), every pro
   the first half's greatest (a worker's memory saws by 100 MB and more as snapshots and merges
   come and go: a leak raises the level, a saw does not; the spikes are bounded too). A process
   under 20 MB is not held to it;
-- the run directory's greatest size in the second half of the measured window is within +10%
-  of its greatest in the first half (the size saws as LevelDB frees removed runs in steps):
-  the store's retention bounds it, not the run's length.
+- the run directory holds its level the same way: its median size over the second half within
+  +10% of the first half's, its greatest within +25%. The size saws by half its level and more:
+  merges write new runs, the runs they replace stay in LevelDB's files until the removed bytes
+  reach the live ones and LevelDB is asked to rewrite them, and a sample landing at the top of
+  a saw or not moves a half's greatest by a fifth from one run to the next. The store's
+  retention bounds the level, not the run's length.
 
 The run must also stop cleanly with everything it read committed. Run it with
 `make soak` or `pytest -m soak tests/integration/test_steady_soak.py`."""
@@ -36,9 +39,9 @@ WARMUP_S = float(os.environ.get("NOSYNC_SOAK_WARMUP_S", "300"))
 KEYS, RATE = 200_000, 20_000
 """Every key has its state after 5 s of input (2 partitions, keys cycling)."""
 GROWTH = 1.10
-"""How far a process's memory level (median) and the run directory's greatest size may grow."""
+"""How far a process's memory level and the run directory's (their medians) may grow."""
 SPIKE_GROWTH = 1.25
-"""How far a process's greatest memory may grow."""
+"""How far a process's greatest memory and the run directory's greatest size may grow."""
 STOP_GRACE_S = 300
 """The run must have stopped by this long after its --duration (the clean stop's last snapshot
 or checkpoint included)."""
@@ -146,5 +149,8 @@ def test_a_long_run_at_a_fixed_rate_holds_its_memory_and_disk(tmp_path, mode):
         if statistics.median(b) > GROWTH * statistics.median(a) or max(b) > SPIKE_GROWTH * max(a):
             grown[p] = (name, quarters([row["rss"].get(p) for row in samples]))
     assert not grown, f"resident memory grew after the warm-up (kB, median / greatest per quarter): {grown}"
-    before, after = max(row["disk"] for row in first), max(row["disk"] for row in second)
-    assert after <= GROWTH * before, f"the run directory grew: at most {before:,} bytes, then {after:,}"
+    disk = [row["disk"] for row in samples]
+    a, b = disk[: half + 1], disk[half:]
+    assert statistics.median(b) <= GROWTH * statistics.median(a) and max(b) <= SPIKE_GROWTH * max(a), (
+        f"the run directory grew (bytes, median / greatest per quarter): {quarters(disk)}"
+    )

@@ -57,7 +57,7 @@ from nosync.modes.nosync import recovery, span
 from nosync.modes.nosync.levels import STORE, Levels
 from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.outlog import OutputLog
-from nosync.modes.nosync.snapshots import RETENTION, Pending, Snapshots
+from nosync.modes.nosync.snapshots import RETENTION_S, Pending, RetentionWindow, Snapshots
 from nosync.options import RunOptions
 from nosync.runtime import frames
 from nosync.runtime.hooks import WorkerHooks
@@ -173,8 +173,8 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         self.sink_frontiers: dict[str, int] = {}
         self.last_snapshot = time.monotonic()
         self.snapshot_step = -1
-        self.kept: deque = deque(maxlen=RETENTION + 1)
-        """The seqs of the latest snapshots, for the store's retention window."""
+        self.kept = RetentionWindow(RETENTION_S)
+        """The snapshots whose versions the store keeps."""
         self.safe = -1
         self.frontier_at: dict[str, tuple[int, float]] = {}
         """Per sink, its frontier and when it last moved (`Snapshots._open_precommit`)."""
@@ -464,7 +464,7 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
     def _open_store(self, worker: Worker) -> None:
         if self.store is not None:
             return
-        # every version until RETENTION snapshots were taken (`_snapshot` narrows it)
+        # every version until the retention window has filled (`_snapshot` narrows it)
         self.store = open_store(
             worker,
             STORE_NAME,

@@ -108,7 +108,7 @@ def restore(h: Any, worker: Worker) -> None:
     store = h.store
     metas = store.versions(META, 0)
     h.durable_seq = store.last_seq
-    h.kept.extend(seq for seq, _ in metas)
+    h.kept.restored([seq for seq, _ in metas], time.monotonic())
     snap_seq = h.snap_seq = metas[-1][0] if metas else -1
     for _, raw in store.versions(LINEAGE, 0, after=snap_seq):
         point = unpack(raw)

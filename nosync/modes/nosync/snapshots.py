@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from lineage import Step
@@ -37,9 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nosync.nosync")
 
-RETENTION = 64
-"""Snapshots whose versions each worker's store keeps through merges (a rewind starts from a
-consistent cut of them)."""
+RETENTION_S = 64.0
+"""Seconds of snapshots whose versions each worker's store keeps through merges (a rewind
+starts from a consistent cut of them): `RetentionWindow`."""
 PERSISTED = -1
 """The stash's mark for what lineage points persisted (as a peer's mark is for what it got)."""
 POINT_S = 0.05
@@ -54,6 +55,40 @@ OPEN_GAP_S = 0.1
 LOAD_SLICE_S = 0.002
 """How long a restored state loads at a time while the worker has nothing to read (`idle`):
 a record that arrives meanwhile waits at most about this long."""
+
+
+class RetentionWindow:
+    """The snapshots whose versions a worker's store keeps: every one taken in the last
+    `seconds`, and the newest one before them, so that the window is covered whole.
+
+    A window in time, not in snapshots: the budget stretches the interval from `persist_ms` up
+    to `max_persist_ms`, and a window of so many snapshots would hold that many times more
+    history (and disk) under one load than under another. In time, the history kept is the
+    updates of `seconds` whatever the interval, and the store's disk holds its level as long
+    as the input rate does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.kept: deque[tuple[int, float]] = deque()
+        """(seq, monotonic time) of each snapshot kept, oldest first."""
+        self.full = False
+        """Whether a snapshot older than the window was kept once: until then, every version is."""
+
+    def add(self, seq: int, t: float) -> int | None:
+        """Takes in a snapshot at `seq`, taken at `t`; returns the store's retention (in seqs
+        back from `seq`) once the window has filled, else None (every version kept)."""
+        kept = self.kept
+        kept.append((seq, t))
+        edge = t - self.seconds
+        while len(kept) > 1 and kept[1][1] <= edge:
+            kept.popleft()
+        self.full = self.full or kept[0][1] <= edge
+        return seq - kept[0][0] if self.full else None
+
+    def restored(self, seqs: list[int], t: float) -> None:
+        """The snapshots a restore found in the store, oldest first: their times are not
+        recorded, so each counts as taken at `t` (kept at least `seconds` more)."""
+        self.kept.extend((seq, t) for seq in seqs)
 
 
 class Pending:
@@ -202,11 +237,9 @@ class Snapshots:
             ],
         }
         runs[META] = {0: pack(meta)}
-        self.kept.append(seq)
-        if len(self.kept) > RETENTION:
-            # merges keep every version of the last RETENTION snapshots; narrowed before the
-            # append, so that no merge sees the new seq with the old window
-            self.store.options.retention = seq - self.kept[0]
+        # narrowed before the append, so that no merge sees the new seq with the old window
+        if (retention := self.kept.add(seq, time.monotonic())) is not None:
+            self.store.options.retention = retention
         snapshot = {
             "step": self.step,
             "consumed": dict(self.consumed),

@@ -16,6 +16,7 @@ import nosync as ns
 from lsm import Store
 from nosync.modes.nosync import NosyncHooks
 from nosync.modes.nosync.outlog import OutputLog
+from nosync.modes.nosync.snapshots import RetentionWindow
 from nosync.runtime import control
 from nosync.runtime.graph import make_op
 from nosync.runtime.source_op import Stop
@@ -190,3 +191,29 @@ def test_a_generous_budget_keeps_the_shortest_interval(tmp_path):
         assert hooks.interval_s == 60.0, "the interval left --persist-ms though persistence was within budget"
     finally:
         hooks.store.close()
+
+
+def test_the_retention_window_is_a_time_not_a_count_of_snapshots():
+    """The store keeps the versions of every snapshot of the last RETENTION_S seconds and of the
+    newest one before them, whatever the interval: a snapshot every second, then every 4 s (the
+    budget stretched it), keeps 64 s of history either way. Seqs advance 10 a second here."""
+    window = RetentionWindow(64.0)
+    got = {t: window.add(10 * t, float(t)) for t in range(0, 100)}
+    assert all(got[t] is None for t in range(64))  # not full: every version is kept
+    assert got[64] == 640 and got[99] == 640  # back to the snapshot of 64 s before
+    got = {t: window.add(10 * t, float(t)) for t in range(100, 400, 4)}
+    # 64 s = 16 snapshots of 4 s: the window reaches the snapshot taken exactly 64 s before
+    assert got[164] == 640 and got[396] == 640
+    window.add(4005, 400.5)  # a snapshot half a second after the last: the newest at or before 336.5 is 336
+    assert window.kept[0] == (3360, 336.0)
+
+
+def test_the_snapshots_a_restore_found_stay_a_whole_window():
+    """A restore's snapshots carry no time: each counts as taken at the restore, so none is let go
+    before RETENTION_S has passed since."""
+    window = RetentionWindow(64.0)
+    window.restored([100, 200, 300], 1000.0)
+    assert window.add(400, 1010.0) is None
+    assert window.add(500, 1063.0) is None
+    assert window.add(600, 1064.0) == 600 - 300  # the restore's newest is now 64 s old
+    assert [seq for seq, _ in window.kept] == [300, 400, 500, 600]
