@@ -60,16 +60,19 @@ merges, and their reads are rare."""
 
 def _tiers(refs: list, fanout: int, least: int, whole: bool = False) -> list[list]:
     """The merges `refs` call for, each a list of consecutive runs, oldest first. From the
-    newest, the runs fall into tiers: consecutive runs each at most `fanout` times another,
-    none with a run older than one that holds every live key. A tier worth a merge (`_enough`)
+    newest, the runs fall into tiers: consecutive runs each at most `fanout` times another
+    (a run under `least / fanout` bytes counting as that size: small runs of uneven sizes are
+    one tier, so that they are ever many), none with a run older than one that holds every
+    live key. A tier worth a merge (`_enough`)
     gives its oldest runs until `fanout` of them hold `least` bytes: a merge's cost stays
     bounded however many runs wait, and the runs it leaves are the newest of their tier, so
     none is stranded under the merged run. With `whole`, a tier is merged whole."""
     tiers: list[list] = []
     group: list = []
     smallest = largest = 0
+    floor = max(1, least // fanout)
     for r in reversed(refs):
-        size = max(1, r.nbytes)
+        size = max(floor, r.nbytes)
         if group and (group[-1].full or size > fanout * smallest or largest > fanout * size):
             tiers.append(group)
             group = []

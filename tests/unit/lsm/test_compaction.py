@@ -62,6 +62,19 @@ def test_small_runs_wait_until_they_are_many() -> None:
     assert seqs(_tiers(refs(*tiny, 0.0001), fanout=4, least=4 * MB)) == [list(range(1, MANY_RUNS + 1))]
 
 
+def test_small_runs_of_uneven_sizes_are_one_tier() -> None:
+    """A worker's metadata and output residue: one run a snapshot, of a few KB, every so often
+    ten times more. Were the size ratio to split them, no tier would ever hold MANY_RUNS and
+    none would merge (a run directory that grows with the run's length); under least / fanout
+    bytes every run counts alike, and they merge once they are many."""
+    uneven = [0.004 if i % 3 else 0.06 for i in range(MANY_RUNS)]
+    assert seqs(_tiers(refs(*uneven), fanout=4, least=4 * MB)) == [list(range(1, MANY_RUNS + 1))]
+    assert _tiers(refs(*uneven[:-1]), fanout=4, least=4 * MB) == []
+    # a run over the floor still splits them by size: the ratio holds between big runs
+    groups = _tiers(refs(*uneven, 8, 8, 8, 8), fanout=4, least=4 * MB)
+    assert sorted(seqs(groups)) == [list(range(1, MANY_RUNS + 1)), list(range(MANY_RUNS + 1, MANY_RUNS + 5))]
+
+
 def test_a_whole_compaction_merges_each_tier_whole() -> None:
     assert seqs(_tiers(refs(*[1] * 10), fanout=4, least=0, whole=True)) == [list(range(1, 11))]
 
