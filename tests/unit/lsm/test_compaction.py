@@ -124,3 +124,26 @@ def test_a_merge_waits_before_it_starts_not_only_after(compactor: Compactor) -> 
         assert c._affordable([plan]) == []  # 10 s x 0.05 = 0.5 s of credit for a 1 s merge
         c._credit_at -= 10.0
         assert c._affordable([plan]) == [plan]
+
+
+def test_a_state_of_small_uneven_runs_keeps_few_of_them(tmp_path) -> None:  # noqa: ANN001
+    """A worker's metadata as a long run writes it: one key, a run a snapshot of 4 KB and every
+    third one of 60 KB, the merges running after every 20 appends. The state's runs stay fewer
+    than MANY_RUNS plus the runs of one round, however many were appended, and a read sees the
+    last value."""
+    s = Store(str(tmp_path / "store"), retention=5, budget=0)
+    try:
+        most = 0
+        for seq in range(1, 601):
+            s.append(
+                seq, {"meta": {0: (b"m" if seq % 3 else b"M") * (60_000 if seq % 3 == 0 else 4_000) + b"%d" % seq}}
+            )
+            if seq % 20 == 0:
+                s.flush()
+                s._persister.drain_index()
+                s._persister.compactor.run(full=False)
+                most = max(most, len(s.runs("meta")))
+        assert most <= MANY_RUNS + 20, most
+        assert s.get("meta", 0).endswith(b"600")
+    finally:
+        s.abandon()
