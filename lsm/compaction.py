@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from lsm.disk import RunRef
 from lsm.errors import PersistError
 from lsm.keys import decode_key
+from lsm.memory import release_free_memory
 from lsm.run import RunView, image, merge
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ COMPACT_AFTER_BYTES = 256 << 20
 removed bytes also reach the runs still live): LevelDB frees a deleted value's space only when
 its own compactions reach the value's file, which under a steady stream of large runs can be
 never, so that the tier grows without bound however well the runs are merged."""
+
+TRIM_EVERY_S = 1.0
+"""The C heap's free pages go back to the OS after merges at most this often
+(`files.release_free_memory`)."""
 
 MANY_RUNS = 64
 """Runs smaller together than `merge_min_bytes` (a worker's metadata, its lineage points) merge
@@ -123,6 +128,7 @@ class Compactor:
         self.last_report: dict = {}
         self.removed_bytes = 0
         """Bytes of runs removed since LevelDB last rewrote its files."""
+        self._trimmed_at = 0.0
 
     # -- when -------------------------------------------------------------------
 
@@ -260,6 +266,9 @@ class Compactor:
                     s._log.seal()
                 s._persister.drop_log()
                 report["log_bytes_freed"] = before - s._log.disk_bytes()
+            if report["merges"] and time.monotonic() - self._trimmed_at >= TRIM_EVERY_S:
+                release_free_memory()  # what the merges freed, back to the OS
+                self._trimmed_at = time.monotonic()
             s.stats.merge_cpu_s += time.thread_time() - t0
             report["seconds"] = time.perf_counter() - start
             self.last_report = report
