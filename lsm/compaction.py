@@ -55,7 +55,7 @@ never, so that the tier grows without bound however well the runs are merged."""
 
 TRIM_EVERY_S = 1.0
 """The C heap's free pages go back to the OS after merges at most this often
-(`files.release_free_memory`)."""
+(`memory.release_free_memory`)."""
 
 MANY_RUNS = 64
 """Runs smaller together than `merge_min_bytes` (a worker's metadata, its lineage points) merge

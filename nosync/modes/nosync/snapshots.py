@@ -70,9 +70,8 @@ class RetentionWindow:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.kept: deque[tuple[int, float]] = deque()
-        """(seq, monotonic time) of each snapshot kept, oldest first."""
-        self.full = False
-        """Whether a snapshot older than the window was kept once: until then, every version is."""
+        """(seq, monotonic time) of each snapshot kept, oldest first: once one is older than the
+        window, the oldest always is (the newest of those is never let go)."""
 
     def add(self, seq: int, t: float) -> int | None:
         """Takes in a snapshot at `seq`, taken at `t`; returns the store's retention (in seqs
@@ -82,8 +81,7 @@ class RetentionWindow:
         edge = t - self.seconds
         while len(kept) > 1 and kept[1][1] <= edge:
             kept.popleft()
-        self.full = self.full or kept[0][1] <= edge
-        return seq - kept[0][0] if self.full else None
+        return seq - kept[0][0] if kept[0][1] <= edge else None
 
     def restored(self, seqs: list[int], t: float) -> None:
         """The snapshots a restore found in the store, oldest first: their times are not
