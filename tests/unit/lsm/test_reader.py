@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 
 from lsm import TOMBSTONE, KeyEncodingError, Store, Updates
@@ -58,6 +59,51 @@ def test_a_reader_answers_as_the_model_at_every_seq_of_many_runs(tmp_path, seed:
     assert len(s.runs("st")) < 40 / 3, "the runs were not merged"
     for at, r in readers.items():
         want = model_as_of(batches, at)
+        assert {k: r.get(k, "none") for k in probes} == {k: want.get(k, "none") for k in probes}, at
+    s.close()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_reader_over_appends_not_merged_answers_as_the_model(tmp_path, seed: int) -> None:  # noqa: ANN001
+    """Appends' runs as a restore finds them when merges fell behind (no merge at all, read
+    back from the disk tier): columns of keys written once, columns with a key written twice
+    (the later wins), logged pairs with columns after them, deletions; at every seq the reader
+    answers every key as the model does, and what it returns is the caller's."""
+    rnd = random.Random(seed)
+    s = Store(str(tmp_path / "s"), budget=0.0)
+    batches = []
+    for seq in range(1, 31):
+        keys = rnd.sample(KEYS, rnd.randrange(1, 80))
+        values = [TOMBSTONE if rnd.random() < 0.15 else rnd.choice([seq, f"v{seq}", (seq, [seq]), [seq]]) for _ in keys]
+        kind = seq % 3
+        if kind == 0:  # columns, each key once
+            s.append(seq, {"st": dict(zip(keys, values, strict=True))})
+            model = dict(zip(keys, values, strict=True))
+        elif kind == 1:  # a key written twice: the later entry wins
+            keys, values = [*keys, keys[0]], [*values, ("again", seq)]
+            s.append(seq, {"st": (keys, values)})
+            model = dict(zip(keys, values, strict=True))
+        else:  # pairs logged (plain values), then columns
+            plain = {k: seq * 10 for k in rnd.sample(KEYS, 20)}
+            s.append(seq, {"st": Updates(keys, values, pairs=[(len(plain), msgpack.packb(plain))])})
+            model = {**plain, **dict(zip(keys, values, strict=True))}
+        batches.append((seq, model))
+    s.flush(timeout=60)
+    s._persister.drain_index()
+    s.close()
+    s = Store(str(tmp_path / "s"), budget=0.0)
+    assert len(s.runs("st")) == 30, "the runs were merged"
+    probes = [*KEYS, "absent"]
+    for at in range(1, 31):
+        want = model_as_of(batches, at)
+        r = s.reader("st", at)
+        got = {k: r.get(k, "none") for k in probes}
+        assert got == {k: want.get(k, "none") for k in probes}, at
+        for v in got.values():
+            if isinstance(v, list):
+                v.append("mine")
+            elif isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], list):
+                v[1].append("mine")
         assert {k: r.get(k, "none") for k in probes} == {k: want.get(k, "none") for k in probes}, at
     s.close()
 
