@@ -644,26 +644,6 @@ class Store:
             cache[1][name] = got
         return got
 
-    def prefetch(self, state: Any, as_of: int) -> threading.Thread:
-        """Starts reading, on a thread of its own, the disk tier's runs that a read of `state` as
-        of `as_of` needs (LevelDB's reads give the GIL up), so that a `reader` or `load` made
-        after joining the thread finds them read. A failed read is left for that reader or
-        load to meet, and raise."""
-        view = self._view
-        at = self._check_as_of(as_of)
-        refs = [r for r in self._runs(encode_key(state), view, at, read=False) if type(r) is RunRef]
-
-        def read() -> None:
-            try:
-                for r in refs:
-                    self._run_view(r, view[2])
-            except Exception:  # noqa: BLE001, S110 - the reader or load reads it again, and raises
-                pass
-
-        t = threading.Thread(target=read, name="lsm-prefetch", daemon=True)
-        t.start()
-        return t
-
     def reader(self, state: Any, as_of: int) -> PointReader:
         """Point reads of `state` as of seq `as_of` through one index of every run's key hashes
         (`reader.PointReader`): for many look-ups at one seq, in a state of many runs (a

@@ -13,9 +13,9 @@ The new attempt opens its store and restores:
   block at a time, on the processing thread whenever it has nothing to read, while the worker
   replays and then runs live: a key a record touches before its operator's load is done is
   read alone from the store (`Store.reader`: one binary search in an index of the key hashes
-  of all the runs, built at the first such read, and one block of 64 keys decoded). When a
-  load is done, the loaded dict becomes the operator's state (the
-  keys touched meanwhile win) and the per-key path leaves the hot loop. Windows and joins load
+  of all the runs, built on a thread of its own from the restore on, and one block of 64 keys
+  decoded). When a load is done, the loaded dict becomes the operator's state (the keys
+  touched meanwhile win) and the per-key path leaves the hot loop. Windows and joins load
   before the replay (a window closes over every key; a join's sides are rebuilt from their
   increments).
 
@@ -36,6 +36,7 @@ With `replay_threshold_records`, a long span up to a cut goes to a Spark batch j
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -179,10 +180,13 @@ class BulkLoader:
         self.read_alone = 0
         """Keys read alone (a record touched them) before their operator's load was installed."""
         self.waited_s = 0.0
-        """How long records waited to read keys alone: the building of the readers' indexes."""
+        """How long records waited to read keys alone: what was left of building the readers'
+        indexes when the first key was asked."""
         self._readers: dict[int, Any] = {}
-        # the runs are read from the disk tier meanwhile, on threads that give the GIL up
-        self._prefetch = {i: store.prefetch(i, as_of) for i, _ in ops}
+        # each operator's reader is built at once, on a thread of its own (its runs read from
+        # the disk tier, which gives the GIL up, their key hashes sorted): meanwhile the worker
+        # waits for its peers' LINEAGE frames, before any record asks for a key
+        self._building = {i: _Building(store, i, as_of) for i, _ in ops}
         self._todo = [i for i, _ in ops]
         self._steps: Any = None
         self._stop = False
@@ -199,8 +203,10 @@ class BulkLoader:
         reader = self._readers.get(i)
         if reader is None:
             t0 = time.perf_counter()
-            self._prefetch.pop(i).join()
-            reader = self._readers[i] = self.store.reader(i, self.as_of)
+            reader = self._building.pop(i).result()
+            if reader is None:  # its build failed: built again here, to raise what failed
+                reader = self.store.reader(i, self.as_of)
+            self._readers[i] = reader
             self.waited_s += time.perf_counter() - t0
         return reader.get(key, MISSING_STATE)
 
@@ -269,6 +275,26 @@ class BulkLoader:
     def stop(self) -> None:
         """Stops the load (a replaced attempt): nothing more is loaded."""
         self._stop = True
+
+
+class _Building:
+    """A keyed operator's reader (`Store.reader`) being built on a thread of its own."""
+
+    def __init__(self, store: Any, i: int, as_of: int) -> None:
+        self.reader: Any = None
+        self._thread = threading.Thread(target=self._build, args=(store, i, as_of), name="nosync-index", daemon=True)
+        self._thread.start()
+
+    def _build(self, store: Any, i: int, as_of: int) -> None:
+        try:
+            self.reader = store.reader(i, as_of)
+        except Exception:  # noqa: BLE001, S110 - the processing thread builds it again, and raises
+            pass
+
+    def result(self) -> Any:
+        """The reader, once built (None: the build failed)."""
+        self._thread.join()
+        return self.reader
 
 
 def replay(h: Any, worker: Worker) -> None:

@@ -149,27 +149,3 @@ def test_a_reader_refuses_a_key_as_get_does(tmp_path, key: object) -> None:  # n
         s.reader("st", 1).get(key)
     assert str(by_reader.value) == str(by_get.value)
     s.close()
-
-
-def test_a_prefetch_reads_the_runs_a_reader_needs_and_nothing_else(tmp_path) -> None:  # noqa: ANN001
-    """`prefetch` reads, on a thread, every disk-tier run a read as of its seq needs (back to the
-    newest run of every key), and no other state's; a reader made after it reads none again."""
-    s = Store(str(tmp_path / "s"), retention=100)
-    s.append(1, {"st": {"old": 1}, "other": {"x": 1}})
-    s.append(2, {"st": Updates(["a", "b"], [1, 2], full=True)})
-    s.append(3, {"st": {"c": 3}})
-    s.append(4, {"st": {"d": 4}})
-    s.flush(timeout=60)
-    s._persister.drain_index()
-    s.close()
-    s = Store(str(tmp_path / "s"), retention=100)
-    assert not s._views
-    s.prefetch("st", 3).join()
-    assert sorted((lo, hi) for _, lo, hi in s._views) == [(2, 2), (3, 3)]
-    reads = []
-    disk_read = s._disk.read
-    s._disk.read = lambda ref, snap=None: reads.append(ref) or disk_read(ref, snap)
-    r = s.reader("st", 3)
-    assert (r.get("a"), r.get("c"), r.get("d"), r.get("old")) == (1, 3, None, None)
-    assert reads == []
-    s.close()

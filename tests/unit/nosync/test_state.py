@@ -794,6 +794,23 @@ def test_keys_read_alone_see_the_state_as_of_the_snapshot_not_later_appends(tmp_
     store.close()
 
 
+def test_a_reader_that_could_not_be_built_raises_on_the_processing_thread(tmp_path):
+    """The reader is built on a thread of its own as the load starts; when the store cannot
+    give it (a seq merged away), the first key read alone raises the store's error where the
+    record is processed, not nothing on a thread nobody joins."""
+    from nosync.modes.nosync import recovery
+
+    op, _, _, _ = counting(tmp_path)
+    store = lsm.Store(str(tmp_path / "merged"), retention=0)
+    store.append(1, {0: lsm.Updates(["k1"], [7])})
+    store.append(2, {0: lsm.Updates(["k1"], [8])})
+    store.compact()
+    recovery.BulkLoader(store, [(0, op)], as_of=1)
+    with pytest.raises(lsm.RetentionError):
+        op.push([("k1", 1)], 0, C0)
+    store.close()
+
+
 def test_a_state_loads_in_parts_with_records_between_them(tmp_path):
     """A merged run of 5,000 keys loads a block at a time (`advance` with no time to spare
     does one part); records between two parts read their keys alone, and the state installed
