@@ -44,6 +44,7 @@ from nosync.modes.base import Mode
 from nosync.options import RunOptions
 from nosync.places import shared_of
 from nosync.runtime import control
+from nosync.runtime.heap import long_lived
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.operators import SinkOp
@@ -103,17 +104,18 @@ class ReplayHooks(WorkerHooks):
             s.part.abort()  # staged, never committed: it is recomputed
         if epoch < 0:
             return  # nothing committed anywhere yet: the run starts over
-        saved = load_states(restore["dir"], worker.index)
-        for op in worker.ops:
-            got = saved.get(op.name)
-            if got is None:
-                continue
-            op.restore_meta(got["meta"])
-            if isinstance(op, KeyedOp) and got["keyed"] is not None:
-                op.restore_keyed(got["keyed"], worker.keepalive)
-            if isinstance(op, SinkOp):
-                op.committed_epoch = epoch
-            worker.keepalive()
+        with long_lived():
+            saved = load_states(restore["dir"], worker.index)
+            for op in worker.ops:
+                got = saved.get(op.name)
+                if got is None:
+                    continue
+                op.restore_meta(got["meta"])
+                if isinstance(op, KeyedOp) and got["keyed"] is not None:
+                    op.restore_keyed(got["keyed"], worker.keepalive)
+                if isinstance(op, SinkOp):
+                    op.committed_epoch = epoch
+                worker.keepalive()
         self.restore_s = time.perf_counter() - t0
 
     def _check_state(self, worker: Worker) -> None:

@@ -35,7 +35,6 @@ With `replay_threshold_records`, a long span up to a cut goes to a Spark batch j
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -47,6 +46,7 @@ from nosync.modes.nosync import span
 from nosync.modes.nosync.messages import NosyncOp
 from nosync.modes.nosync.steps import execute, precommit_again
 from nosync.runtime import control
+from nosync.runtime.heap import freeze_made
 from nosync.runtime.keyed import MISSING_STATE, JoinOp, KeyedOp, WindowOp
 from nosync.runtime.operators import SinkOp
 from nosync.state.layout import LINEAGE, META, OUT, store_state
@@ -235,6 +235,9 @@ class BulkLoader:
         except BaseException as e:  # noqa: BLE001 - raised by install_done, between two steps
             self.error = e
         finally:
+            # what was loaded lives as long as the generation: out of the collector's full
+            # passes, which would otherwise walk all of it again and again as it grows
+            freeze_made()
             self.seconds += time.perf_counter() - t0
 
     def install_done(self, worker: Worker) -> bool:
@@ -260,7 +263,7 @@ class BulkLoader:
             worker.hooks.load_s = self.seconds
             worker.hooks.keys_read_alone = self.read_alone
             worker.hooks.load_wait_s = self.waited_s
-            gc.freeze()  # the loaded state too lives as long as the generation (`Worker._loop`)
+            freeze_made()  # the keys read alone too live as long as the generation
         return not self.ops
 
     def keys_read_alone(self) -> int:

@@ -811,6 +811,29 @@ def test_a_reader_that_could_not_be_built_raises_on_the_processing_thread(tmp_pa
     store.close()
 
 
+def test_what_a_load_made_is_frozen_part_by_part(tmp_path):
+    """Each part a restore's load applies (between records) is frozen as it is made: the
+    collector's full passes would otherwise walk the growing state again and again."""
+    import gc
+
+    from nosync.modes.nosync import recovery
+
+    op, _, _, _ = counting(tmp_path)
+    store = lsm.Store(str(tmp_path / "lists"), retention=0)
+    store.append(1, {0: lsm.Updates([f"k{i}" for i in range(5000)], [[i] for i in range(5000)])})
+    loader = recovery.BulkLoader(store, [(0, op)], as_of=1)
+    gc.collect()
+    gc.freeze()
+    before = gc.get_freeze_count()
+    loader.advance(0)
+    assert gc.get_freeze_count() > before, "a part was not frozen"
+    while loader.loading:
+        loader.advance(0)
+    assert gc.get_freeze_count() >= before + 5000
+    gc.unfreeze()
+    store.close()
+
+
 def test_a_state_loads_in_parts_with_records_between_them(tmp_path):
     """A merged run of 5,000 keys loads a block at a time (`advance` with no time to spare
     does one part); records between two parts read their keys alone, and the state installed
