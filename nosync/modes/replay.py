@@ -44,7 +44,7 @@ from nosync.modes.base import Mode
 from nosync.options import RunOptions
 from nosync.places import shared_of
 from nosync.runtime import control
-from nosync.runtime.heap import long_lived
+from nosync.runtime.heap import build_long_lived
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.operators import SinkOp
@@ -104,7 +104,7 @@ class ReplayHooks(WorkerHooks):
             s.part.abort()  # staged, never committed: it is recomputed
         if epoch < 0:
             return  # nothing committed anywhere yet: the run starts over
-        with long_lived():
+        with build_long_lived():
             saved = load_states(restore["dir"], worker.index)
             for op in worker.ops:
                 got = saved.get(op.name)

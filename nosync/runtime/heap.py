@@ -18,9 +18,10 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def long_lived() -> Iterator[None]:
-    """The collector off while state that lives as long as the generation is built in one go;
-    what was made frozen at the end (out of its passes), then the collector as it was."""
+def build_long_lived() -> Iterator[None]:
+    """The collector off while state that lives as long as the generation (or the task) is built
+    in one go; everything alive frozen at the end (out of its passes; `thaw` gives it back),
+    then the collector as it was. Cycles made meanwhile, on any thread, are frozen too."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -33,5 +34,13 @@ def long_lived() -> Iterator[None]:
 
 def freeze_made() -> None:
     """Freezes what was made since the last freeze: for state built a part at a time between
-    records (a restore's load in the worker's spare time), after each part."""
+    records (a restore's load in the worker's spare time), after each part. Cyclic garbage
+    alive then is frozen with it, and stays until the generation ends (`thaw`)."""
     gc.freeze()
+
+
+def thaw() -> None:
+    """Everything frozen back in the collector's passes: at the end of a generation or of a
+    task, what it held may be garbage now, cycles included (a reused Python worker runs other
+    tasks after it)."""
+    gc.unfreeze()

@@ -23,6 +23,7 @@ from nosync.runtime.graph import (
     graph_edges,
     partition_of,
 )
+from nosync.runtime.heap import thaw
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.keyed import KeyedOp
 from nosync.runtime.loops import ROUND_BITS, LoopHead
@@ -452,6 +453,8 @@ def fail_fast(task: Any) -> Any:
                 text = f"{type(e).__name__}: {e} (at {last.filename}:{last.lineno})"
             error = {"text": text, "usage": isinstance(e, NosyncError) and not isinstance(e, RunFailed)}
             yield rows_batch([(-1, -1, -1, 0, ERROR, 0, codec.pack(error))])
+        finally:
+            thaw()  # what a restore froze (`build_long_lived`): a reused Python worker runs other tasks
 
     return run
 

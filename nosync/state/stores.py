@@ -12,7 +12,7 @@ import lsm
 from lsm.files import copy_store
 from nosync import storage
 from nosync.errors import RunFailed
-from nosync.runtime.heap import long_lived
+from nosync.runtime.heap import build_long_lived
 from nosync.runtime.keyed import JoinOp
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def get_store(where: str, path: str) -> None:
 def load_keyed(op: Any, store: Any, prefix: Any, as_of: int | None = None) -> None:
     """Gives keyed operator `op` the state held under `prefix` of `store` as it stood after seq
     `as_of` (None: the last), all of it at once."""
-    with long_lived():
+    with build_long_lived():
         state = store.load(prefix, as_of=as_of)
         if isinstance(op, JoinOp):
             op.restore_increments(state)

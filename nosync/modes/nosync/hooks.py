@@ -582,7 +582,8 @@ class NosyncHooks(Snapshots, Levels, WorkerHooks):
         } | self.levels_metrics()
 
     def close(self, worker: Worker) -> None:
-        """Stops the bulk loader, closes the output log and stores (a replaced attempt abandons them)."""
+        """Stops the bulk loader (waiting for its readers' builds), closes the output log and stores
+        (a replaced attempt abandons them)."""
         if self.loader is not None:
             self.loader.stop()
         if self.outlog is not None:

@@ -195,8 +195,9 @@ class BulkLoader:
 
     def _read_alone(self, i: int, key: Any) -> Any:
         """The state of `key` in operator `i`, read alone from the store through one index of
-        the key hashes of every run it needs (`Store.reader`: built at the operator's first
-        read, its time counted in `waited_s`); once the operator's load is done, from it."""
+        the key hashes of every run it needs (`Store.reader`, built on a thread since the load
+        began: what was left of it at the operator's first read counted in `waited_s`); once
+        the operator's load is done, from it."""
         loaded = self.done.get(i)
         if loaded is not None:
             return loaded.get(key, MISSING_STATE)
@@ -276,8 +277,11 @@ class BulkLoader:
             self.advance(1.0)
 
     def stop(self) -> None:
-        """Stops the load (a replaced attempt): nothing more is loaded."""
+        """Stops the load (a replaced attempt, or the worker's end): nothing more is loaded, and
+        the readers still being built are waited for, so that the store closes under no read."""
         self._stop = True
+        for b in self._building.values():
+            b.result()
 
 
 class _Building:
@@ -295,7 +299,7 @@ class _Building:
             pass
 
     def result(self) -> Any:
-        """The reader, once built (None: the build failed)."""
+        """The reader, once built (None: the build failed); waits for the build."""
         self._thread.join()
         return self.reader
 

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from nosync.runtime.heap import long_lived
+from nosync.runtime.heap import build_long_lived
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,7 @@ def settled() -> None:
 
 def test_state_built_long_lived_is_frozen_with_no_full_pass_meanwhile():
     """300,000 containers made at once after a freeze (what a worker's loop does first): with
-    the collector on, full passes walk them as they grow; inside `long_lived`, none runs, and
+    the collector on, full passes walk them as they grow; inside `build_long_lived`, none runs, and
     they end frozen, out of every later pass."""
     gc.enable()
     settled()
@@ -44,7 +44,7 @@ def test_state_built_long_lived_is_frozen_with_no_full_pass_meanwhile():
     settled()
     frozen = gc.get_freeze_count()
     full = gc.get_stats()[2]["collections"]
-    with long_lived():
+    with build_long_lived():
         state = {i: [i] for i in range(300_000)}
     assert gc.get_stats()[2]["collections"] == full
     assert gc.get_freeze_count() >= frozen + 300_000
@@ -58,7 +58,7 @@ def test_the_collector_is_left_as_it_was_found_even_when_the_build_fails(enabled
         gc.enable()
     else:
         gc.disable()
-    with pytest.raises(ValueError, match="bad state"), long_lived():
+    with pytest.raises(ValueError, match="bad state"), build_long_lived():
         assert not gc.isenabled()
         raise ValueError("bad state")
     assert gc.isenabled() is enabled

@@ -821,18 +821,43 @@ def test_what_a_load_made_is_frozen_part_by_part(tmp_path):
     op, _, _, _ = counting(tmp_path)
     store = lsm.Store(str(tmp_path / "lists"), retention=0)
     store.append(1, {0: lsm.Updates([f"k{i}" for i in range(5000)], [[i] for i in range(5000)])})
+    store.flush(timeout=60)
+    store._persister.drain_index()  # read from the disk tier, as a restore reads it
     loader = recovery.BulkLoader(store, [(0, op)], as_of=1)
-    parts = 0
-    while loader.loading:
-        loader.advance(0)
-        parts += 1
-        made = loader._part
-        assert made, "no part was applied"
-        # gc.get_objects lists what the collector walks: nothing frozen
-        walked = {id(o) for o in gc.get_objects()}
-        assert not [k for k, v in made.items() if id(v) in walked], f"part {parts} not frozen"
-    assert len(loader.done[0]) == 5000
-    gc.unfreeze()
+    try:
+        parts = applied = 0
+        while loader.loading:
+            loader.advance(0)
+            parts += 1
+            made = loader._part
+            applied = max(applied, len(made))
+            # gc.get_objects lists what the collector walks: nothing frozen
+            walked = {id(o) for o in gc.get_objects()}
+            assert not [k for k, v in made.items() if id(v) in walked], f"part {parts} not frozen"
+        assert applied == len(loader.done[0]) == 5000
+        assert parts > 1, "loaded in one part"
+    finally:
+        gc.unfreeze()
+        store.close()
+
+
+def test_a_stopped_load_leaves_no_reader_being_built(tmp_path):
+    """A replaced attempt stops its load and then closes its store: `stop` waits for the
+    readers still being built on their threads, so that none reads a store being closed."""
+    import threading
+
+    from nosync.modes.nosync import recovery
+
+    op, _, _, _ = counting(tmp_path)
+    store = lsm.Store(str(tmp_path / "big"), budget=0.0)
+    for seq in range(1, 21):
+        store.append(seq, {0: lsm.Updates([f"k{seq}-{i}" for i in range(20_000)], [seq] * 20_000)})
+    store.flush(timeout=60)
+    store._persister.drain_index()
+    loader = recovery.BulkLoader(store, [(0, op)], as_of=20)
+    loader.stop()
+    assert not [t for t in threading.enumerate() if t.name == "nosync-index"]
+    assert not loader.loading
     store.close()
 
 
