@@ -76,6 +76,31 @@ class _Appended:
         return self._values[c]
 
 
+def _sorted(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The permutation that sorts `h` (stable), and `h` sorted by it."""
+    order = np.argsort(h, kind="stable")
+    return order, h[order]
+
+
+def _index_part(r: Any) -> tuple[Any, np.ndarray | None, np.ndarray]:
+    """What run `r` gives the index: the run as a look-up reads it, the column of each of its
+    sorted hashes (None: a merged run's column is in hash order), and its sorted hashes."""
+    if isinstance(r, RunView):
+        if r.hashed and not bool(np.any(r.order != np.arange(r.n))):
+            return r, None, r.hashes
+        if not r.hashed and not r.npairs and not r.flags & MULTI:
+            run = _Appended(r)
+            order, h = _sorted(key_hashes(run.keys))
+            if len(h) < 2 or not bool(np.any(h[1:] == h[:-1])):
+                return run, order, h
+            # a key written twice (the later wins) or two keys sharing a hash: decoded below
+    # its latest version of each key, decoded (a pending run, one with pairs: small; or the
+    # state's whole image, decoded by a load anyway)
+    keys, values, _, h = r.entries()
+    order, h = _sorted(h.astype(_U64))
+    return (keys, values), order, h
+
+
 class PointReader:
     """Look-ups of one state as of seq `at` over `runs` (newest first: what a read as of `at`
     needs, `Store._runs`); `where` names the store in errors."""
@@ -91,33 +116,11 @@ class PointReader:
         hash order)."""
         hashes = []
         for r in runs:
-            if r.hi > at:
-                continue
-            if isinstance(r, RunView) and r.hashed and not bool(np.any(r.order != np.arange(r.n))):
-                self._runs.append(r)
-                self._orders.append(None)
-                hashes.append(r.hashes)
-                continue
-            if isinstance(r, RunView) and not r.hashed and not r.npairs and not r.flags & MULTI:
-                run: Any = _Appended(r)
-                h = key_hashes(run.keys)
-            else:
-                run = None
-            if run is not None:
-                order = np.argsort(h, kind="stable")
-                h = h[order]
-                if len(h) > 1 and bool(np.any(h[1:] == h[:-1])):
-                    run = None  # a key written twice (the later wins) or two keys sharing a hash
-            if run is None:
-                # its latest version of each key, decoded (a pending run, one with pairs: small;
-                # or the state's whole image, decoded by a load anyway)
-                keys, values, _, h = r.entries()
-                run = (keys, values)
-                order = np.argsort(h, kind="stable")
-                h = h[order].astype(_U64)
-            self._runs.append(run)
-            self._orders.append(order)
-            hashes.append(h)
+            if r.hi <= at:
+                run, order, h = _index_part(r)
+                self._runs.append(run)
+                self._orders.append(order)
+                hashes.append(h)
         self._starts = np.cumsum([0, *map(len, hashes)])[:-1]
         """Where each run's entries start in the concatenation of their sorted hashes."""
         if hashes:
