@@ -33,9 +33,10 @@ def build_long_lived() -> Iterator[None]:
 
 
 def freeze_made() -> None:
-    """Freezes what was made since the last freeze: for state built a part at a time between
-    records (a restore's load in the worker's spare time), after each part. Cyclic garbage
-    alive then is frozen with it, and stays until the generation ends (`thaw`)."""
+    """Freezes what was made since the last freeze: what a generation was set up with, as its
+    loop starts, and state built a part at a time between records (a restore's load in the
+    worker's spare time), after each part. Cyclic garbage alive then is frozen with it, and
+    stays until the generation ends (`thaw`)."""
     gc.freeze()
 
 

@@ -31,7 +31,6 @@ loop.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -60,6 +59,7 @@ from nosync.runtime.graph import (
     finish_loops,
     graph_edges,
 )
+from nosync.runtime.heap import freeze_made, thaw
 from nosync.runtime.histogram import Histogram
 from nosync.runtime.hooks import WorkerHooks
 from nosync.runtime.links import SETUP_TIMEOUT_S, CoordinatorUnreachable, Links, Rejoin
@@ -217,7 +217,7 @@ class Worker(Links):
 
     def _drop_generation(self) -> None:
         """Closes every data connection and keeps what the metrics need of the operators."""
-        gc.unfreeze()  # what this generation held may be garbage now, cycles included
+        thaw()  # what this generation held may be garbage now, cycles included
         if self.sel is not None:
             self.sel.close()
             self.sel = None
@@ -439,7 +439,7 @@ class Worker(Links):
             self._report_error(e)
             raise
         finally:
-            gc.unfreeze()  # a reused Python worker runs other tasks after this one
+            thaw()  # a reused Python worker runs other tasks after this one
             for part in self._parts.values():
                 part.close()
             self.hooks.close(self)
@@ -524,7 +524,7 @@ class Worker(Links):
         # what the generation was set up with (the operators and their state, the routers'
         # caches, the modules) lives until it ends: out of the collector's full passes, which
         # would otherwise walk every key of the state about once a second
-        gc.freeze()
+        freeze_made()
         self._done_sent = idle_sent = False
         active_sources = [s for s in self.sources if not s.finished]
         start = time.time()
