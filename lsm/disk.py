@@ -106,7 +106,10 @@ class DiskTier:
     def read(self, ref: RunRef, snapshot: object | None = None) -> bytes | None:
         """The bytes of the run `ref` names (through `snapshot` if given), or None if the tier no
         longer holds it."""
-        return (snapshot or self.db).get(self._key(RUN, ref.state, ref.hi))
+        # not through LevelDB's block cache: a reader keeps the run it read (`Store._run_view`),
+        # and a run's blocks, of megabytes, would only evict one another (a restore's 667 MB of
+        # runs read in 0.47 s through the cache, 0.18 s around it)
+        return (snapshot or self.db).get(self._key(RUN, ref.state, ref.hi), fill_cache=False)
 
     def write(
         self,

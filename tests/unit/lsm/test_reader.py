@@ -108,6 +108,38 @@ def test_a_reader_over_appends_not_merged_answers_as_the_model(tmp_path, seed: i
     s.close()
 
 
+# two int keys whose key hashes share their 46 high bits (found by hashing 2^25 ints): in an
+# index of 2^17 to 2^18 entries an entry keeps 46 bits of its hash
+TWINS = (14298902, 17112647)
+
+
+def test_keys_whose_hashes_share_the_index_s_high_bits_are_told_apart(tmp_path) -> None:  # noqa: ANN001
+    """In an index of 200,000 entries, two keys whose hashes differ in their low bits only:
+    each reads its own value, in whichever runs they lie (appended, merged), and a deletion
+    of one leaves the other."""
+    from lsm.codec import key_hash
+
+    a, b = TWINS
+    assert key_hash(a) != key_hash(b) and key_hash(a) >> 18 == key_hash(b) >> 18
+    s = Store(str(tmp_path / "s"), budget=0.0)
+    filler = {k: k for k in range(100_000)}
+    s.append(1, {"st": {**filler, a: "a1", b: "b1"}})
+    s.append(2, {"st": {k + 100_000: -k for k in range(100_000)}})
+    s.append(3, {"st": {b: "b3"}})
+    s.append(4, {"st": {a: TOMBSTONE}})
+    s.flush(timeout=60)
+    s._persister.drain_index()
+    for merged in (False, True):
+        r1, r3, r4 = s.reader("st", 1), s.reader("st", 3), s.reader("st", 4)
+        assert 1 << 17 < r4.entries <= 1 << 18, r4.entries
+        assert (r1.get(a), r1.get(b)) == ("a1", "b1"), merged
+        assert (r3.get(a), r3.get(b)) == ("a1", "b3"), merged
+        assert (r4.get(a, "gone"), r4.get(b)) == ("gone", "b3"), merged
+        assert (r4.get(99_999), r4.get(150_000)) == (99_999, -50_000), merged
+        s.compact()
+    s.close()
+
+
 def test_a_reader_over_a_state_taken_whole_reads_no_older_run(tmp_path) -> None:  # noqa: ANN001
     """A run of every live key (FULL) hides the older runs: a key it lacks has no value, though
     an older run holds one."""
