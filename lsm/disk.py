@@ -4,6 +4,7 @@ Layout (FORMAT.md), with p = encode_key(state) (prefix-free, so one state's entr
 
     0x01 | p | hi u64 BE   ->  the run's bytes
     0x02 | p | hi u64 BE   ->  the run's header (the catalog: read on open without the runs)
+    0x03 | p | hi u64 BE   ->  the run's sorted key hashes (`runindex`), where it has them
     0x00 "applied"         ->  (highest seq indexed + 1) u64 BE
     0x00 "horizon"         ->  (compaction horizon + 1) u64 BE
     0x00 "rollback"        ->  (seq of a rollback under way + 1) u64 BE
@@ -20,8 +21,10 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import numpy as np
 import plyvel
 
+from lsm import runindex
 from lsm.run import FULL, HEADER
 
 META_APPLIED = b"\x00applied"
@@ -30,6 +33,7 @@ META_ROLLBACK = b"\x00rollback"
 META_STANDIN = b"\x00standin"
 RUN = b"\x01"
 CATALOG = b"\x02"
+INDEX = b"\x03"
 _SEQ = struct.Struct(">Q")
 
 LEVELDB_OPTIONS = dict(
@@ -61,12 +65,14 @@ class RunRef(NamedTuple):
     npairs: int
     full: bool = False
     """Whether the run holds every live key of its state (`run.FULL`)."""
+    checksum: int = 0
+    """The run's checksum (its header's): what its index entry names (`runindex`)."""
 
 
 def ref_of(state: bytes, header: bytes, nbytes: int) -> RunRef:
     """The ref of a run of `state` from its header bytes and its size."""
     f = HEADER.unpack_from(header, 0)
-    return RunRef(state, f[3], f[4], f[5], f[6], f[7], f[9], f[10], nbytes, f[8], bool(f[2] & FULL))
+    return RunRef(state, f[3], f[4], f[5], f[6], f[7], f[9], f[10], nbytes, f[8], bool(f[2] & FULL), f[11])
 
 
 def _meta_int(db: plyvel.DB, key: bytes, default: int) -> int:
@@ -111,26 +117,39 @@ class DiskTier:
         # runs read in 0.47 s through the cache, 0.18 s around it)
         return (snapshot or self.db).get(self._key(RUN, ref.state, ref.hi), fill_cache=False)
 
+    def read_index(self, ref: RunRef, snapshot: object | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The sorted key hashes of the run `ref` names and the column of each (its index entry,
+        `runindex`), or None: no entry, or one that is not that run's."""
+        entry = (snapshot or self.db).get(self._key(INDEX, ref.state, ref.hi), fill_cache=False)
+        return runindex.read(entry, ref.checksum, ref.n)
+
     def write(
         self,
-        added: Iterable[tuple[bytes, bytes]],
+        added: Iterable[tuple],
         removed: Iterable[RunRef] = (),
         applied: int | None = None,
         sync: bool = False,
     ) -> list[RunRef]:
-        """One LevelDB write batch: the runs `added` ((state, run bytes) pairs) with their
-        catalog entries, the runs `removed` gone, and the applied marker at `applied`.
-        Returns the refs of the runs added."""
+        """One LevelDB write batch: the runs `added` ((state, run bytes) pairs, or (state, run
+        bytes, index entry) triples whose entry was made already) with their catalog and index
+        entries, the runs `removed` gone, and the applied marker at `applied`. Returns the refs
+        of the runs added."""
         self.wrote = True
         refs = []
         wb = self.db.write_batch(sync=sync)
         for ref in removed:
             wb.delete(self._key(RUN, ref.state, ref.hi))
             wb.delete(self._key(CATALOG, ref.state, ref.hi))
-        for state, data in added:
+            wb.delete(self._key(INDEX, ref.state, ref.hi))
+        for state, data, *made in added:
             ref = ref_of(state, data, len(data))
             wb.put(self._key(RUN, state, ref.hi), data)
             wb.put(self._key(CATALOG, state, ref.hi), data[: HEADER.size] + _SEQ.pack(len(data)))
+            entry = made[0] if made else runindex.of_run(data)
+            if entry is None:
+                wb.delete(self._key(INDEX, state, ref.hi))  # a run written again at its seq
+            else:
+                wb.put(self._key(INDEX, state, ref.hi), entry)
             refs.append(ref)
         if applied is not None:
             wb.put(META_APPLIED, _meta_bytes(applied))

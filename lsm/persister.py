@@ -26,6 +26,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from lsm import runindex
 from lsm.codec import joined, pack_map_parts
 from lsm.compaction import Compactor
 from lsm.errors import PersistError
@@ -62,6 +63,8 @@ class Persister(threading.Thread):
         """When the last upload ended (`Store.pace("remote")` counts from it)."""
         self._encoded: dict[int, dict[bytes, bytes]] = {}
         """seq -> its runs' bytes, from encoding until indexing."""
+        self._entries: dict[int, tuple[dict, dict[bytes, bytes | None]]] = {}
+        """seq -> (its runs' bytes, their index entries), made outside the tier lock."""
         self.compactor = Compactor(store)
 
     # -- the loop ---------------------------------------------------------------
@@ -83,6 +86,7 @@ class Persister(threading.Thread):
             self.steps += 1
             step = self.steps
             try:
+                self._make_index_entries()
                 with s._tier_lock:
                     level = self._step()
             except Exception as e:  # noqa: BLE001 - the thread must not die: the error surfaces to callers
@@ -239,9 +243,12 @@ class Persister(threading.Thread):
         added = []
         for b in batches:
             runs = self._encoded.pop(b.seq, None)
+            made = self._entries.pop(b.seq, None)
             if runs is None:
                 runs = encoded_runs(b)
-            added.extend(runs.items())
+            entries = made[1] if made is not None and made[0] is runs else {}
+            # a run whose entry was not made beforehand gets it from the disk tier's write
+            added.extend((sb, data, entries[sb]) if sb in entries else (sb, data) for sb, data in runs.items())
         last = batches[-1].seq
         refs = s._disk.write(added, applied=last) if last > s._disk.applied else []
         with s._cond:
@@ -255,6 +262,17 @@ class Persister(threading.Thread):
             s.stats.indexed_runs += len(refs)
             s._cond.notify_all()
         self.compactor.indexed(refs)
+
+    def _make_index_entries(self) -> None:
+        """Makes the index entries (`runindex`) of the runs logged and not indexed yet, outside
+        the tier lock: hashing a big run's keys does not hold up a small append that waits
+        for the lock to be logged at once (`Store.append`). An entry is used only with the
+        bytes it was made from (a rollback may drop them meanwhile, and a seq be appended
+        again)."""
+        for seq, runs in list(self._encoded.items()):
+            made = self._entries.get(seq)
+            if made is None or made[0] is not runs:
+                self._entries[seq] = (runs, {sb: runindex.of_run(data) for sb, data in runs.items()})
 
     def _current_due(self) -> bool:
         """Whether the segment being written should be sealed now (full, old, or asked for)."""
@@ -347,6 +365,9 @@ class Persister(threading.Thread):
         """Drops the encodings of batches above `above` (a rollback dropped them)."""
         for seq in [q for q in self._encoded if q > above]:
             del self._encoded[seq]
+        # made outside the tier lock meanwhile: copied before it is walked
+        for seq in [q for q in list(self._entries) if q > above]:
+            self._entries.pop(seq, None)
 
     def stop(self) -> None:
         """Stops the thread after its current step, waits for it (unless this is it), then stops the

@@ -27,7 +27,8 @@ the reader, which stays a consistent view as of `at` for as long as it lives.
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,21 +62,80 @@ def read_hash(key: Any, where: str) -> int:
         raise KeyEncodingError(f"key {key!r:.60} of {where}: {e}") from None
 
 
-class _Appended:
-    """An append's run of columns alone (no pairs), each key once: its key column, and its value
-    column decoded at the first look-up that needs it."""
+class _Part:
+    """A run as the index's look-ups read it: by the column of the entry they land on, its key
+    (`key`) and its value (`value`, the caller's to change, or TOMBSTONE). A run of the disk
+    tier indexed from its index entry (`runindex`) is read at the first look-up that lands in
+    it, or by `PointReader.prefetch`, whichever comes first; an append's key and value columns
+    are decoded at the first look-up that needs them."""
 
-    __slots__ = ("keys", "run", "_values")
+    __slots__ = ("_read", "_run", "_keys", "_values", "_lock")
 
-    def __init__(self, run: RunView) -> None:
-        self.run = run
-        self.keys = run.keys
+    def __init__(self, run: Any = None, read: Any = None, keys: tuple | None = None) -> None:
+        self._run = run
+        self._read = read
+        self._keys = keys
         self._values: list | None = None
+        self._lock = threading.Lock() if run is None else None
+
+    def run(self) -> Any:
+        """The run, read once (a look-up and a prefetch may ask at once)."""
+        run = self._run
+        if run is None:
+            with self._lock:
+                run = self._run
+                if run is None:
+                    run = self._run = self._read()
+        return run
+
+    def key(self, c: int) -> Any:
+        keys = self._keys
+        if keys is None:
+            run = self.run()
+            if run.hashed:
+                return run.key_at(c)
+            keys = self._keys = run.keys
+        return keys[c]
 
     def value(self, c: int) -> Any:
+        run = self.run()
+        if run.hashed:
+            return run.value_at(c)
         if self._values is None:
-            self._values = self.run.values
-        return self._values[c]
+            self._values = run.values
+        v = self._values[c]
+        return v if v is TOMBSTONE else own(v)
+
+
+class _Decoded(_Part):
+    """A run's latest version of each key, decoded (`entries`)."""
+
+    __slots__ = ()
+
+    def __init__(self, keys: list, values: list) -> None:
+        super().__init__(run=True, keys=keys)
+        self._values = values
+
+    def key(self, c: int) -> Any:
+        return self._keys[c]
+
+    def value(self, c: int) -> Any:
+        v = self._values[c]
+        return v if v is TOMBSTONE else own(v)
+
+
+class Stored(NamedTuple):
+    """A run of the disk tier with its index entry: its ref, its sorted hashes and their
+    columns (`DiskTier.read_index`), and how to read the run itself."""
+
+    ref: Any
+    hashes: np.ndarray
+    order: np.ndarray
+    read: Any
+
+    @property
+    def hi(self) -> int:
+        return self.ref.hi
 
 
 def _sorted(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,23 +144,25 @@ def _sorted(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, h[order]
 
 
-def _index_part(r: Any) -> tuple[Any, np.ndarray | None, np.ndarray]:
+def _index_part(r: Any) -> tuple[_Part, np.ndarray | None, np.ndarray]:
     """What run `r` gives the index: the run as a look-up reads it, the column of each of its
     sorted hashes (None: a merged run's column is in hash order), and its sorted hashes."""
+    if type(r) is Stored:
+        return _Part(read=r.read), r.order, r.hashes
     if isinstance(r, RunView):
         if r.hashed and not bool(np.any(r.order != np.arange(r.n))):
-            return r, None, r.hashes
+            return _Part(r), None, r.hashes
         if not r.hashed and not r.npairs and not r.flags & MULTI:
-            run = _Appended(r)
-            order, h = _sorted(key_hashes(run.keys))
+            part = _Part(r, keys=r.keys)
+            order, h = _sorted(key_hashes(r.keys))
             if len(h) < 2 or not bool(np.any(h[1:] == h[:-1])):
-                return run, order, h
+                return part, order, h
             # a key written twice (the later wins) or two keys sharing a hash: decoded below
     # its latest version of each key, decoded (a pending run, one with pairs: small; or the
     # state's whole image, decoded by a load anyway)
     keys, values, _, h = r.entries()
     order, h = _sorted(h.astype(_U64))
-    return (keys, values), order, h
+    return _Decoded(keys, values), order, h
 
 
 class PointReader:
@@ -141,6 +203,15 @@ class PointReader:
         else:
             self._index = np.zeros(0, _U64)
 
+    def prefetch(self, stop: Any) -> None:
+        """Reads the runs indexed from their index entries that no look-up has read yet, newest
+        first, until `stop()` is true (on a thread of its own: LevelDB's reads give the
+        interpreter lock up, and a look-up that lands in a run then finds it read)."""
+        for part in self._runs:
+            if stop():
+                return
+            part.run()
+
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of `key` as of `at` (the caller's to change), or `default`: what
         `Store.get(state, key, as_of=at)` answers. A key `Store.append` would refuse is refused
@@ -170,15 +241,7 @@ class PointReader:
             order = self._orders[rank]
             if order is not None:
                 c = int(order[c])
-            if type(run) is _Appended:
-                if run.keys[c] == key:
-                    v = run.value(c)
-                    return v if v is TOMBSTONE else own(v)
-            elif type(run) is tuple:
-                if run[0][c] == key:
-                    v = run[1][c]
-                    return v if v is TOMBSTONE else own(v)
-            elif run.key_at(c) == key:
-                return run.value_at(c)
+            if run.key(c) == key:
+                return run.value(c)
             i += 1
         return MISSING

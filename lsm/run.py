@@ -51,7 +51,8 @@ MULTI = 1
 """Flag: the run holds a seq column and a history block (a merge wrote it)."""
 HASHED = 2
 """Flag: the run holds the sorted key-hash column of its key column (a merge wrote it); an
-append's run does not: hashing is half of a run's cost, and only a point look-up needs it."""
+append's run does not (only a point look-up needs the hashes: the persister makes them for the
+run's index entry on the disk tier, `runindex`)."""
 FULL = 4
 """Flag: the run holds every live key of its state as of its first seq (a key it lacks is
 deleted there), and, merged, at every seq of its range: a read at or after its first seq

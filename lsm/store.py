@@ -54,7 +54,7 @@ from lsm.keys import KEY_TYPES, MAX_SEQ, check_key_column, decode_key, encode_ke
 from lsm.log import Log
 from lsm.manifest import Manifest, read_manifest, write_manifest
 from lsm.persister import Persister, encoded_runs
-from lsm.reader import PointReader, read_hash, read_key
+from lsm.reader import PointReader, Stored, read_hash, read_key
 from lsm.records import Record
 from lsm.remote import RemoteTier
 from lsm.run import IMMUTABLE_TYPES, MISSING, PendingRun, RunView, join_pairs, own, truncate
@@ -651,7 +651,22 @@ class Store:
         reader stays a view as of `as_of` whatever merges do meanwhile."""
         view = self._view  # before the horizon check, as in get
         at = self._check_as_of(as_of)
-        return PointReader(self._runs(encode_key(state), view, at) if at >= 0 else [], at, self.path)
+        if at < 0:
+            return PointReader([], at, self.path)
+        snap = view[2]
+        runs: list = []
+        for r in self._runs(encode_key(state), view, at, read=False):
+            if type(r) is RunRef:
+                v = self._views.get((r.state, r.lo, r.hi))
+                if v is None and r.hi <= at:
+                    # its index entry, not the run: the run is read when a look-up lands in it
+                    index = self._disk.read_index(r, snap)
+                    if index is not None:
+                        runs.append(Stored(r, *index, read=lambda r=r: self._run_view(r, snap)))
+                        continue
+                r = v if v is not None else self._run_view(r, snap)
+            runs.append(r)
+        return PointReader(runs, at, self.path)
 
     def load(self, state: Any, as_of: int | None = None) -> dict:
         """Every live key of `state` and its value right after seq `as_of` (None: now), as a

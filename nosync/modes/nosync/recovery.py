@@ -13,11 +13,12 @@ The new attempt opens its store and restores:
   block at a time, on the processing thread whenever it has nothing to read, while the worker
   replays and then runs live: a key a record touches before its operator's load is done is
   read alone from the store (`Store.reader`: one binary search in an index of the key hashes
-  of all the runs, built on a thread of its own from the restore on, and one block of 64 keys
-  decoded). When a load is done, the loaded dict becomes the operator's state (the keys
-  touched meanwhile win) and the per-key path leaves the hot loop. Windows and joins load
-  before the replay (a window closes over every key; a join's sides are rebuilt from their
-  increments).
+  of all the runs, built on a thread of its own from the restore on out of the runs' index
+  entries, which then reads the runs ahead; then one block of 64 keys decoded, or the columns
+  of an append's run at the first look-up that lands in it). When a load is done, the loaded
+  dict becomes the operator's state (the keys touched meanwhile win) and the per-key path
+  leaves the hot loop. Windows and joins load before the replay (a window closes over every
+  key; a join's sides are rebuilt from their increments).
 
 Then it exchanges one LINEAGE frame with every survivor each way: the first chan_seq to send
 again, and the lineage entries held for the other. The merged entries after the snapshot are
@@ -187,6 +188,7 @@ class BulkLoader:
         # the disk tier, which gives the GIL up, their key hashes sorted): meanwhile the worker
         # waits for its peers' LINEAGE frames, before any record asks for a key
         self._building = {i: _Building(store, i, as_of) for i, _ in ops}
+        self._builds = list(self._building.values())
         self._todo = [i for i, _ in ops]
         self._steps: Any = None
         self._stop = False
@@ -204,7 +206,7 @@ class BulkLoader:
         reader = self._readers.get(i)
         if reader is None:
             t0 = time.perf_counter()
-            reader = self._building.pop(i).result()
+            reader = self._building[i].result()
             if reader is None:  # its build failed: built again here, to raise what failed
                 reader = self.store.reader(i, self.as_of)
             self._readers[i] = reader
@@ -232,6 +234,7 @@ class BulkLoader:
                 i = self._todo.pop(0)
                 self.done[i] = self._part
                 self._readers.pop(i, None)
+                self._building.pop(i).stop(wait=False)  # its reader is read no more
                 self._steps = None
         except BaseException as e:  # noqa: BLE001 - raised by install_done, between two steps
             self.error = e
@@ -280,15 +283,19 @@ class BulkLoader:
         """Stops the load (a replaced attempt, or the worker's end): nothing more is loaded, and
         the readers still being built are waited for, so that the store closes under no read."""
         self._stop = True
-        for b in self._building.values():
-            b.result()
+        for b in self._builds:
+            b.stop()
 
 
 class _Building:
-    """A keyed operator's reader (`Store.reader`) being built on a thread of its own."""
+    """A keyed operator's reader (`Store.reader`) being built on a thread of its own, which then
+    reads ahead the runs the reader indexed from their index entries (`PointReader.prefetch`:
+    LevelDB's reads give the interpreter lock up), until `stop`."""
 
     def __init__(self, store: Any, i: int, as_of: int) -> None:
         self.reader: Any = None
+        self._built = threading.Event()
+        self._stop = False
         self._thread = threading.Thread(target=self._build, args=(store, i, as_of), name="nosync-index", daemon=True)
         self._thread.start()
 
@@ -297,11 +304,24 @@ class _Building:
             self.reader = store.reader(i, as_of)
         except Exception:  # noqa: BLE001, S110 - the processing thread builds it again, and raises
             pass
+        finally:
+            self._built.set()
+        if self.reader is not None:
+            try:
+                self.reader.prefetch(lambda: self._stop)
+            except Exception:  # noqa: BLE001, S110 - a look-up that lands in the run reads it, and raises
+                pass
 
     def result(self) -> Any:
         """The reader, once built (None: the build failed); waits for the build."""
-        self._thread.join()
+        self._built.wait()
         return self.reader
+
+    def stop(self, wait: bool = True) -> None:
+        """Ends the reading ahead; with `wait`, waits for the thread to end."""
+        self._stop = True
+        if wait:
+            self._thread.join()
 
 
 def replay(h: Any, worker: Worker) -> None:
