@@ -288,13 +288,15 @@ class BulkLoader:
 
 
 class _Building:
-    """A keyed operator's reader (`Store.reader`) being built on a thread of its own, which then
-    reads ahead the runs the reader indexed from their index entries (`PointReader.prefetch`:
-    LevelDB's reads give the interpreter lock up), until `stop`."""
+    """A keyed operator's reader (`Store.reader`) being built on a thread of its own. Once the
+    reader is in use (`result`), the thread reads ahead the runs it indexed from their index
+    entries (`PointReader.prefetch`: LevelDB's reads give the interpreter lock up), until
+    `stop`: not before, so that the restore's own reads do not wait behind it."""
 
     def __init__(self, store: Any, i: int, as_of: int) -> None:
         self.reader: Any = None
         self._built = threading.Event()
+        self._go = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._build, args=(store, i, as_of), name="nosync-index", daemon=True)
         self._thread.start()
@@ -306,20 +308,24 @@ class _Building:
             pass
         finally:
             self._built.set()
-        if self.reader is not None:
+        self._go.wait()
+        if self.reader is not None and not self._stop:
             try:
                 self.reader.prefetch(lambda: self._stop)
             except Exception:  # noqa: BLE001, S110 - a look-up that lands in the run reads it, and raises
                 pass
 
     def result(self) -> Any:
-        """The reader, once built (None: the build failed); waits for the build."""
+        """The reader, once built (None: the build failed); waits for the build, and lets the
+        reading ahead begin."""
         self._built.wait()
+        self._go.set()
         return self.reader
 
     def stop(self, wait: bool = True) -> None:
         """Ends the reading ahead; with `wait`, waits for the thread to end."""
         self._stop = True
+        self._go.set()
         if wait:
             self._thread.join()
 
