@@ -125,27 +125,7 @@ def restore(h: Any, worker: Worker) -> None:
             if isinstance(op, SinkOp):
                 op.part.recover(-1, [], h.durable_seq)
         return
-    # the readers of the state loaded lazily are built from here on, on threads of their own,
-    # while the rest is restored
-    builds = {
-        i: _Building(store, i, snap_seq)
-        for i, op in enumerate(worker.ops)
-        if isinstance(op, KeyedOp) and not isinstance(op, (WindowOp, JoinOp))
-    }
-    try:
-        lazy = _restore_snapshot(h, worker, unpack(metas[-1][1]), snap_seq)
-    except BaseException:
-        for b in builds.values():
-            b.stop()  # no read of a store its caller may close
-        raise
-    if lazy:
-        h.loader = BulkLoader(store, lazy, snap_seq, builds)
-
-
-def _restore_snapshot(h: Any, worker: Worker, meta: dict, snap_seq: int) -> list[tuple[int, Any]]:
-    """Puts the worker back to the snapshot `meta` at `snap_seq`, but for the keyed state that
-    loads lazily: its operators, returned with their indexes."""
-    store = h.store
+    meta = unpack(metas[-1][1])
     h.step = h.snapshot_step = h.durable_step = int(meta["step"])
     h.produced = {int(d): int(s) for d, s in meta["produced"].items()}
     h.consumed = {int(j): int(s) for j, s in meta["consumed"].items()}
@@ -161,7 +141,7 @@ def _restore_snapshot(h: Any, worker: Worker, meta: dict, snap_seq: int) -> list
         r.buffer_epoch[int(d)] = int(epoch)
         r.buffer_since[int(d)] = time.monotonic()
     metas_of = meta["ops"]
-    lazy: list[tuple[int, Any]] = []
+    lazy = []
     for i, op in enumerate(worker.ops):
         m = metas_of.get(op.name)
         if m is not None:
@@ -176,7 +156,8 @@ def _restore_snapshot(h: Any, worker: Worker, meta: dict, snap_seq: int) -> list
             op.precommitted = pre
             op.committed = m["committed"] if m is not None else 0
         worker.keepalive()
-    return lazy
+    if lazy:
+        h.loader = BulkLoader(store, lazy, snap_seq)
 
 
 class BulkLoader:
@@ -189,7 +170,7 @@ class BulkLoader:
     processing thread that waits for input every few hundred microseconds: that thread then
     ran about a tenth as fast while the load lasted."""
 
-    def __init__(self, store: Any, ops: list[tuple[int, Any]], as_of: int, builds: dict | None = None) -> None:
+    def __init__(self, store: Any, ops: list[tuple[int, Any]], as_of: int) -> None:
         self.store = store
         self.ops = dict(ops)
         self.as_of = as_of
@@ -203,12 +184,10 @@ class BulkLoader:
         """How long records waited to read keys alone: what was left of building the readers'
         indexes when the first key was asked."""
         self._readers: dict[int, Any] = {}
-        # each operator's reader is built at once (or was, from the restore's start: `builds`),
-        # on a thread of its own (the runs' index entries read from the disk tier, which gives
-        # the GIL up, their key hashes sorted): meanwhile the worker waits for its peers'
-        # LINEAGE frames, before any record asks for a key
-        builds = builds or {}
-        self._building = {i: builds.get(i) or _Building(store, i, as_of) for i, _ in ops}
+        # each operator's reader is built at once, on a thread of its own (its runs read from
+        # the disk tier, which gives the GIL up, their key hashes sorted): meanwhile the worker
+        # waits for its peers' LINEAGE frames, before any record asks for a key
+        self._building = {i: _Building(store, i, as_of) for i, _ in ops}
         self._builds = list(self._building.values())
         self._todo = [i for i, _ in ops]
         self._steps: Any = None
