@@ -269,10 +269,21 @@ class Persister(threading.Thread):
         for the lock to be logged at once (`Store.append`). An entry is used only with the
         bytes it was made from (a rollback may drop them meanwhile, and a seq be appended
         again)."""
+        with self.s._cond:
+            batches = {b.seq: b for b in self.s._batches}
         for seq, runs in list(self._encoded.items()):
             made = self._entries.get(seq)
             if made is None or made[0] is not runs:
-                self._entries[seq] = (runs, {sb: runindex.of_run(data) for sb, data in runs.items()})
+                b = batches.get(seq)
+                pending = b.runs if b is not None else {}
+                entries = {}
+                for sb, data in runs.items():
+                    r = pending.get(sb)
+                    given = r.given if isinstance(r, PendingRun) else None
+                    entries[sb] = runindex.of_run(data, given)
+                    if given is not None:
+                        r.given = None
+                self._entries[seq] = (runs, entries)
 
     def _current_due(self) -> bool:
         """Whether the segment being written should be sealed now (full, old, or asked for)."""

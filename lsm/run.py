@@ -178,7 +178,20 @@ class PendingRun:
     the deletions that are a key's last column (a key deleted and then set again in one batch
     is set)."""
 
-    __slots__ = ("seq", "_n", "_keys", "keys_b", "values_b", "dels", "pairs_b", "npairs", "_latest", "full", "tuples")
+    __slots__ = (
+        "seq",
+        "_n",
+        "_keys",
+        "keys_b",
+        "values_b",
+        "dels",
+        "pairs_b",
+        "npairs",
+        "_latest",
+        "full",
+        "tuples",
+        "given",
+    )
     hashed = False
     """Whether `lookup` needs the key's hash (an append's run is searched as a dict)."""
 
@@ -207,6 +220,9 @@ class PendingRun:
         self.pairs_b = pairs_b
         self.npairs = npairs
         self._latest: dict | None = None
+        self.given: tuple | None = None
+        """The key column as the caller gave it (immutable keys), until the persister has made
+        the run's index entry from it (`runindex.of_run`): no decoding of `keys_b` for that."""
 
     @property
     def lo(self) -> int:

@@ -477,7 +477,10 @@ class Store:
             if len(last) < len(keys):
                 dels = [i for i in dels if last[keys[i]] == i]
         npairs, pairs_b = join_pairs(pairs) if pairs else (0, b"")
-        return PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs, full, tuples)
+        run = PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs, full, tuples)
+        if not npairs:
+            run.given = tuple(keys)  # what its index entry hashes, not decoded again
+        return run
 
     def _publish_locked(self, disk_changed: bool = True) -> None:
         """REQUIRES: _lock held (or no other thread yet). Replaces the read view; a LevelDB

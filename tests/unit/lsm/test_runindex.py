@@ -137,3 +137,20 @@ def test_entries_go_with_their_runs_and_a_run_written_again_gets_its_own(tmp_pat
         assert len(entry) == ENTRY.size + 12 * n
         assert bool(np.all(np.diff(np.frombuffer(entry[ENTRY.size : ENTRY.size + 8 * n], "<u8")) >= 0)), key
     s.close()
+
+
+def test_an_entry_made_from_the_keys_given_is_the_one_made_from_the_run_s_bytes(tmp_path) -> None:  # noqa: ANN001
+    """The persister hashes the key column as the caller gave it (lists made tuples), not
+    decoded again: the entry is byte for byte the one the run's own key column gives."""
+    from lsm import runindex
+
+    s = Store(str(tmp_path / "s"), budget=0.0)
+    keys = [*range(-300, 300), *(f"k{i}é" for i in range(300)), *([i, "t"] for i in range(50)), b"b", 2**63 + 5]
+    run = s._pending(1, "st", keys, [[i] for i in range(len(keys))])
+    data = run.encode()
+    assert run.given is not None and len(run.given) == len(keys)
+    made = runindex.of_run(data, run.given)
+    assert made is not None and made == runindex.of_run(data)
+    hashes, order = runindex.read(made, ENTRY.unpack_from(made, 0)[4], len(keys))
+    assert hashes.tolist() == sorted(key_hash(k) for k in keys)
+    s.close()
