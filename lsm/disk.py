@@ -87,8 +87,11 @@ def _meta_bytes(value: int) -> bytes:
 class DiskTier:
     """The disk tier of one store: its runs, their catalog and its markers in one LevelDB."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, hash_keys: bool = True) -> None:
         self.path = path
+        self.hash_keys = hash_keys
+        """Whether a run of one append written without its index entry gets one made here (its
+        keys hashed); a merged run's is made either way."""
         self.db = plyvel.DB(path, **LEVELDB_OPTIONS)
         self.applied = _meta_int(self.db, META_APPLIED, -1)
         self.horizon = _meta_int(self.db, META_HORIZON, -1)
@@ -145,7 +148,7 @@ class DiskTier:
             ref = ref_of(state, data, len(data))
             wb.put(self._key(RUN, state, ref.hi), data)
             wb.put(self._key(CATALOG, state, ref.hi), data[: HEADER.size] + _SEQ.pack(len(data)))
-            entry = made[0] if made else runindex.of_run(data)
+            entry = made[0] if made else runindex.of_run(data, hash_keys=self.hash_keys)
             if entry is None:
                 wb.delete(self._key(INDEX, state, ref.hi))  # a run written again at its seq
             else:

@@ -269,6 +269,8 @@ class Persister(threading.Thread):
         for the lock to be logged at once (`Store.append`). An entry is used only with the
         bytes it was made from (a rollback may drop them meanwhile, and a seq be appended
         again)."""
+        if not self.s.options.index_entries:
+            return
         with self.s._cond:
             batches = {b.seq: b for b in self.s._batches}
         for seq, runs in list(self._encoded.items()):

@@ -41,11 +41,11 @@ def _entry(checksum: int, hashes: bytes, order: bytes, n: int) -> bytes:
     return ENTRY.pack(MAGIC, VERSION, 0, n, checksum, xxhash.xxh3_64_intdigest(body)) + body
 
 
-def of_run(run: bytes, keys: Any = None) -> bytes | None:
+def of_run(run: bytes, keys: Any = None, hash_keys: bool = True) -> bytes | None:
     """The index entry of the encoded run `run`, or None if it gets none: a merged run's is its
     hashes and order sections; an append's (its key column `keys` given, or decoded here) is
-    its keys hashed and sorted (stable), if it has no pairs and no key twice (the reader takes
-    such a run's latest versions from its bytes)."""
+    its keys hashed and sorted (stable), if `hash_keys` and it has no pairs and no key twice
+    (the reader takes such a run's latest versions from its bytes)."""
     f = HEADER.unpack_from(run, 0)
     flags, n, npairs, checksum, lengths = f[2], f[5], f[8], f[11], f[14:]
     if not n:
@@ -54,7 +54,7 @@ def of_run(run: bytes, keys: Any = None) -> bytes | None:
     if flags & HASHED:
         a, b = at["hashes"], at["order"]
         return _entry(checksum, run[a : a + 8 * n], run[b : b + 4 * n], n)
-    if npairs or flags & MULTI:
+    if npairs or flags & MULTI or not hash_keys:
         return None
     if keys is None:
         a = at["keys"]

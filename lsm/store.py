@@ -98,6 +98,11 @@ class StoreOptions:
     `budget` each second (compaction.py). 0 or less: no merges on their own."""
     uploads: bool = False
     """Whether runs go to the remote tier at all (only a store whose tier is remote)."""
+    index_entries: bool = True
+    """Whether an append's run gets an index entry on the disk tier (`runindex`: its keys hashed
+    by the persister, about 180 ns a key), for point readers (`reader`) to index it without
+    reading it. A store read only by loads (`load`) has no use for them; a merged run gets its
+    entry either way (its own sections, copied)."""
     index_delay_s: float = 0.5
     """A logged batch waits up to this long to be indexed in LevelDB, so that the small
     batches logged meanwhile are indexed in one write; batches in memory of `index_bytes` or
@@ -286,7 +291,7 @@ class Store:
         if created:
             write_manifest(self.path, manifest)
         self.manifest = manifest
-        self._disk = DiskTier(os.path.join(self.path, "disk"))
+        self._disk = DiskTier(os.path.join(self.path, "disk"), hash_keys=self.options.index_entries)
         self._log = Log(os.path.join(self.path, "log"), self.options.segment_bytes)
         if fresh and self.remote.files:
             self._restore_from_remote()
@@ -478,7 +483,7 @@ class Store:
                 dels = [i for i in dels if last[keys[i]] == i]
         npairs, pairs_b = join_pairs(pairs) if pairs else (0, b"")
         run = PendingRun(seq, len(keys), keys_b, values_b, dels, pairs_b, npairs, full, tuples)
-        if not npairs:
+        if not npairs and self.options.index_entries:
             run.given = tuple(keys)  # what its index entry hashes, not decoded again
         return run
 

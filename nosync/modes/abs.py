@@ -137,6 +137,8 @@ class AbsHooks(WorkerHooks):
                     # merges held to the same share of a core as mode nosync's (equal terms)
                     budget=self.options.persist_budget,
                     uploads=self.tier == "remote",
+                    # a restore loads the whole state, reading no key alone
+                    index_entries=False,
                 )
 
     def on_start(self, worker: Worker, peers: dict) -> None:

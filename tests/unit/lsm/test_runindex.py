@@ -154,3 +154,30 @@ def test_an_entry_made_from_the_keys_given_is_the_one_made_from_the_run_s_bytes(
     hashes, order = runindex.read(made, ENTRY.unpack_from(made, 0)[4], len(keys))
     assert hashes.tolist() == sorted(key_hash(k) for k in keys)
     s.close()
+
+
+def test_a_store_without_index_entries_makes_none_for_appends_and_still_reads_right(tmp_path) -> None:  # noqa: ANN001
+    """`index_entries=False` (a store only loads read, as abs's): no append's run gets an
+    entry, no key column is kept for one; a merged run still gets its own; reads answer as
+    the model does."""
+    s = Store(str(tmp_path / "s"), budget=0.0, index_entries=False)
+    model: dict = {}
+    with s._tier_lock:  # nothing logged nor indexed meanwhile
+        for seq in range(1, 6):
+            updates = {f"k{(seq * 7 + i) % 500}": (seq, i) for i in range(200)}
+            s.append(seq, {"st": updates})
+            model.update(updates)
+        assert len(s._batches) == 5
+        assert all(r.given is None for b in s._batches for r in b.runs.values())
+    s.flush(timeout=60)
+    s._persister.drain_index()
+    assert not entries_of(s)
+    r = s.reader("st", 5)
+    assert {k: r.get(k) for k in model} == model
+    s.compact()
+    assert len(entries_of(s)) == len(s._catalog[next(iter(s._catalog))]) >= 1
+    s.close()
+    s = Store(str(tmp_path / "s"), budget=0.0, index_entries=False)
+    assert s.load("st") == model
+    assert {k: s.reader("st", 5).get(k) for k in model} == model
+    s.close()
