@@ -30,7 +30,7 @@ from lsm import runindex
 from lsm.codec import joined, pack_map_parts
 from lsm.compaction import Compactor
 from lsm.errors import PersistError
-from lsm.run import PendingRun
+from lsm.run import HASHED, HEADER, PendingRun
 
 if TYPE_CHECKING:
     from lsm.store import Batch, Store
@@ -65,6 +65,11 @@ class Persister(threading.Thread):
         """seq -> its runs' bytes, from encoding until indexing."""
         self._entries: dict[int, tuple[dict, dict[bytes, bytes | None]]] = {}
         """seq -> (its runs' bytes, their index entries), made outside the tier lock."""
+        self._entry_credit = 10 * store.options.index_budget
+        """CPU seconds index entries may take now (`StoreOptions.index_budget`), full at first."""
+        self._entry_credit_at = time.monotonic()
+        self._entry_key_s = 2e-7
+        """CPU seconds an entry took per key (measured; a guess until then)."""
         self.compactor = Compactor(store)
 
     # -- the loop ---------------------------------------------------------------
@@ -282,10 +287,30 @@ class Persister(threading.Thread):
                 for sb, data in runs.items():
                     r = pending.get(sb)
                     given = r.given if isinstance(r, PendingRun) else None
-                    entries[sb] = runindex.of_run(data, given)
+                    entries[sb] = self._entry(data, given)
                     if given is not None:
                         r.given = None
                 self._entries[seq] = (runs, entries)
+
+    def _entry(self, data: bytes, given: tuple | None) -> bytes | None:
+        """The index entry of run `data`, if the credit of `index_budget` holds its cost (a
+        merged run's costs a copy); None otherwise."""
+        n = len(given) if given is not None else HEADER.unpack_from(data, 0)[5]
+        if HEADER.unpack_from(data, 0)[2] & HASHED:
+            return runindex.of_run(data)
+        now = time.monotonic()
+        budget = self.s.options.index_budget
+        self._entry_credit = min(self._entry_credit + budget * (now - self._entry_credit_at), 10 * budget)
+        self._entry_credit_at = now
+        if budget < 1 and n * self._entry_key_s > self._entry_credit:
+            return None
+        t0 = time.thread_time()
+        entry = runindex.of_run(data, given)
+        spent = time.thread_time() - t0
+        self._entry_credit -= spent
+        if n >= 10_000:
+            self._entry_key_s = 0.5 * self._entry_key_s + 0.5 * spent / n
+        return entry
 
     def _current_due(self) -> bool:
         """Whether the segment being written should be sealed now (full, old, or asked for)."""

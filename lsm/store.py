@@ -103,6 +103,12 @@ class StoreOptions:
     by the persister, about 180 ns a key), for point readers (`reader`) to index it without
     reading it. A store read only by loads (`load`) has no use for them; a merged run gets its
     entry either way (its own sections, copied)."""
+    index_budget: float = 0.02
+    """The share of one core the persister may spend making appends' index entries: a credit
+    of CPU seconds that grows by it each second (up to 10 s of it); a run whose entry would
+    cost more than the credit holds goes without (a reader indexes it from its bytes). At
+    2 x 25,000 updates/s an entry costs 0.005 of a core; at ten times that, past the budget,
+    a run in two or three gets one."""
     index_delay_s: float = 0.5
     """A logged batch waits up to this long to be indexed in LevelDB, so that the small
     batches logged meanwhile are indexed in one write; batches in memory of `index_bytes` or

@@ -181,3 +181,20 @@ def test_a_store_without_index_entries_makes_none_for_appends_and_still_reads_ri
     assert s.load("st") == model
     assert {k: s.reader("st", 5).get(k) for k in model} == model
     s.close()
+
+
+def test_entries_past_their_budget_are_not_made_and_the_runs_still_read_right(tmp_path) -> None:  # noqa: ANN001
+    """With a budget of 10^-6 of a core (a credit of 10 us), only an entry of a few keys is
+    made: a run of 5,000 keys goes without one, and the reader indexes it from its bytes."""
+    s = Store(str(tmp_path / "s"), budget=0.0, index_budget=1e-6)
+    s.append(1, {"st": {f"k{i}": i for i in range(5_000)}})
+    s.append(2, {"st": {"k1": "one"}})
+    s.flush(timeout=60)
+    s._persister.drain_index()
+    made = {ENTRY.unpack_from(e, 0)[3] for e in entries_of(s).values()}
+    assert made == {1}, made
+    s.close()
+    s = Store(str(tmp_path / "s"), budget=0.0)
+    r = s.reader("st", 2)
+    assert (r.get("k1"), r.get("k4999"), r.get("k5000", "none")) == ("one", 4999, "none")
+    s.close()
