@@ -137,6 +137,7 @@ class Stored(NamedTuple):
 
     @property
     def hi(self) -> int:
+        """The run's last seq (a reader's choice of runs reads it, as of any run)."""
         return self.ref.hi
 
 
