@@ -34,10 +34,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lsm.codec import TOMBSTONE, key_hash, key_hashes
+from lsm.codec import TOMBSTONE, key_hash
 from lsm.errors import KeyEncodingError
 from lsm.keys import KEY_TYPES, decode_key, encode_key
 from lsm.run import MISSING, MULTI, RunView, own
+from lsm.runindex import sorted_hashes
 
 _U64 = np.dtype("<u8")
 
@@ -156,10 +157,9 @@ def _index_part(r: Any) -> tuple[_Part, np.ndarray | None, np.ndarray]:
         if r.hashed and not bool(np.any(r.order != np.arange(r.n))):
             return _Part(r), None, r.hashes
         if not r.hashed and not r.npairs and not r.flags & MULTI:
-            part = _Part(r, keys=r.keys)
-            order, h = _sorted(key_hashes(r.keys))
-            if len(h) < 2 or not bool(np.any(h[1:] == h[:-1])):
-                return part, order, h
+            got = sorted_hashes(r.keys)
+            if got is not None:
+                return _Part(r, keys=r.keys), *got
             # a key written twice (the later wins) or two keys sharing a hash: decoded below
     # its latest version of each key, decoded (a pending run, one with pairs: small; or the
     # state's whole image, decoded by a load anyway)

@@ -59,16 +59,27 @@ def of_run(run: bytes, keys: Any = None, hash_keys: bool = True) -> bytes | None
     if keys is None:
         a = at["keys"]
         keys = unpack_keys(memoryview(run)[a : a + lengths[SECTIONS.index("keys")]])
-    # in slices: each a C call holding the interpreter lock, which the processing thread gets
-    # between two, not after the whole column
-    h = np.empty(n, _U64)
-    for i in range(0, n, HASH_SLICE):
+    got = sorted_hashes(keys)
+    if got is None:
+        return None
+    order, h = got
+    return _entry(checksum, h.tobytes(), order.astype(_U32).tobytes(), n)
+
+
+def sorted_hashes(keys: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """The permutation that sorts the key hashes of column `keys` (stable), and the hashes
+    sorted by it; None if two are equal (a key twice, the later winning, or two keys of one
+    hash: such a run is read from its latest versions)."""
+    # in slices: each a C call holding the interpreter lock, which another thread gets between
+    # two, not after the whole column
+    h = np.empty(len(keys), _U64)
+    for i in range(0, len(keys), HASH_SLICE):
         h[i : i + HASH_SLICE] = key_hashes(keys[i : i + HASH_SLICE])
     order = np.argsort(h, kind="stable")
     h = h[order]
     if bool(np.any(h[1:] == h[:-1])):
-        return None  # a key twice (the later wins), or two keys of one hash: read from the run
-    return _entry(checksum, h.astype(_U64).tobytes(), order.astype(_U32).tobytes(), n)
+        return None
+    return order, h
 
 
 def read(entry: bytes | None, checksum: int, n: int) -> tuple[np.ndarray, np.ndarray] | None:
