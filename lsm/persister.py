@@ -295,9 +295,10 @@ class Persister(threading.Thread):
     def _entry(self, data: bytes, given: tuple | None) -> bytes | None:
         """The index entry of run `data`, if the credit of `index_budget` holds its cost (a
         merged run's costs a copy); None otherwise."""
-        n = len(given) if given is not None else HEADER.unpack_from(data, 0)[5]
-        if HEADER.unpack_from(data, 0)[2] & HASHED:
+        head = HEADER.unpack_from(data, 0)
+        if head[2] & HASHED:
             return runindex.of_run(data)
+        n = head[5]
         now = time.monotonic()
         budget = self.s.options.index_budget
         self._entry_credit = min(self._entry_credit + budget * (now - self._entry_credit_at), 10 * budget)

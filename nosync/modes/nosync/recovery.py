@@ -188,7 +188,6 @@ class BulkLoader:
         # the disk tier, which gives the GIL up, their key hashes sorted): meanwhile the worker
         # waits for its peers' LINEAGE frames, before any record asks for a key
         self._building = {i: _Building(store, i, as_of) for i, _ in ops}
-        self._builds = list(self._building.values())
         self._todo = [i for i, _ in ops]
         self._steps: Any = None
         self._stop = False
@@ -234,7 +233,7 @@ class BulkLoader:
                 i = self._todo.pop(0)
                 self.done[i] = self._part
                 self._readers.pop(i, None)
-                self._building.pop(i).stop(wait=False)  # its reader is read no more
+                self._building[i].stop(wait=False)  # its reader is read no more
                 self._steps = None
         except BaseException as e:  # noqa: BLE001 - raised by install_done, between two steps
             self.error = e
@@ -283,7 +282,7 @@ class BulkLoader:
         """Stops the load (a replaced attempt, or the worker's end): nothing more is loaded, and
         the readers still being built are waited for, so that the store closes under no read."""
         self._stop = True
-        for b in self._builds:
+        for b in self._building.values():
             b.stop()
 
 
